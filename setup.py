@@ -1,0 +1,63 @@
+"""Build hoccl: the C++ core `hoccl_backend._C` and VarioPath's online scheduler.
+
+Built against the torch already installed:  pip install --no-build-isolation -e .
+Only torch's bundled pybind11 headers are used (a newer pip pybind11 breaks the
+c10d::Backend base-class binding).
+"""
+import glob
+import os
+
+from setuptools import find_packages, setup
+from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CXX_FLAGS = ["-O3", "-std=c++17", "-fvisibility=hidden", "-Wno-unused-parameter"]
+
+
+def core_sources():
+    """Every C++ file of the core except VarioPath's own binding module."""
+    files = sorted(glob.glob(os.path.join("cuda", "*.cpp")))
+    return [f for f in files if not os.path.basename(f).startswith("varipath_bindings")]
+
+
+def cuda_defines():
+    """Compile the CUDA pieces in when cuda.h exists; they dlopen the driver at run time."""
+    for root in (os.environ.get("CUDA_HOME"), "/usr/local/cuda", "/usr"):
+        if root and os.path.exists(os.path.join(root, "include", "cuda.h")):
+            return [("HOCCL_WITH_CUDA", "1")], [os.path.join(root, "include")]
+    return [], []
+
+
+macros, cuda_includes = cuda_defines()
+
+ext_modules = [
+    CppExtension(
+        "hoccl_backend._C",
+        core_sources(),
+        include_dirs=[os.path.join(HERE, "cuda")] + cuda_includes,
+        define_macros=macros,
+        extra_compile_args=CXX_FLAGS,
+        extra_link_args=["-ldl", "-lrt"],
+    ),
+]
+if os.path.exists(os.path.join("cuda", "varipath_bindings.cpp")):
+    ext_modules.append(
+        CppExtension(
+            "varipath._scheduler",
+            ["cuda/varipath_scheduler.cpp", "cuda/varipath_bindings.cpp"],
+            include_dirs=[os.path.join(HERE, "cuda")],
+            extra_compile_args=CXX_FLAGS,
+        )
+    )
+
+setup(
+    name="hoccl",
+    version="0.1.0",
+    description="hoccl: a copy-engine-driven torch.distributed backend with VarioPath alltoallv and TopoEP",
+    packages=find_packages(include=["hoccl_backend*", "varipath*", "topoep*"]),
+    package_data={"varipath": ["data/*"]},
+    ext_modules=ext_modules,
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    entry_points={"torch.backends": ["hoccl = hoccl_backend._autoload:autoload"]},
+    python_requires=">=3.9",
+)
