@@ -1,0 +1,40 @@
+// Runs a Plan on the shm transport. Owns the running counters every rank advances identically:
+// barrier sequence numbers and the staging-buffer cursor.
+#pragma once
+#include <c10/core/ScalarType.h>
+
+#include <functional>
+#include <vector>
+
+#include "plan.h"
+#include "shm_group.h"
+
+namespace hoccl {
+
+struct ExecContext {
+  std::vector<char*> in, out;  // block base pointers
+  c10::ScalarType dtype = c10::ScalarType::Byte;
+  RedOp op = RedOp::Sum;
+  double factor = 1.0;  // PREMUL_SUM
+  OpDesc desc{};        // published with the first barrier
+  // After the first barrier: compare peers' descriptors (throws on mismatch).
+  std::function<void(uint32_t parity)> validate;
+  // While blocked on a peer: throws on timeout, abort or a dead peer.
+  std::function<void(int waitingFor)> check;
+};
+
+class Executor {
+ public:
+  explicit Executor(ShmGroup& group) : group_(group) {}
+  void run(const Plan& plan, ExecContext& ctx);
+  // Barrier index the next barrier will use (parity selects descriptor/split buffers).
+  uint32_t nextBarrier() const { return barriers_ + 1; }
+
+ private:
+  char* resolve(const Loc& loc, const ExecContext& ctx) const;
+  ShmGroup& group_;
+  uint32_t barriers_ = 0;
+  uint32_t bufCursor_ = 0;
+};
+
+}  // namespace hoccl

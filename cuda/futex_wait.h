@@ -1,0 +1,32 @@
+// Cross-process waiting on 32-bit words in shared memory: spin briefly, yield, then sleep on a
+// futex. Tests run 4 ranks on 2 cores, so a waiter must never burn a core for long.
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+
+namespace hoccl {
+
+// Wakes every process sleeping on `word` (shared futex).
+void futexWakeAll(std::atomic<uint32_t>* word);
+
+// Sleeps while *word == expected, at most `timeout`. Spurious returns are fine.
+void futexWait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::microseconds timeout);
+
+// Sequence numbers wrap: "a has reached b" in modular arithmetic.
+inline bool seqReached(uint32_t a, uint32_t b) { return static_cast<int32_t>(a - b) >= 0; }
+
+// Blocks until ready() is true. `word`/`waiters` are what the producer bumps/wakes.
+// `check` runs every few milliseconds while sleeping: it throws on timeout, abort or a dead peer.
+void waitUntil(const std::function<bool()>& ready, std::atomic<uint32_t>* word,
+               std::atomic<uint32_t>* waiters, const std::function<void()>& check);
+
+// Producer side: publish a new value and wake sleepers only when some exist (saves a syscall).
+inline void publishAndWake(std::atomic<uint32_t>* word, uint32_t value,
+                           std::atomic<uint32_t>* waiters) {
+  word->store(value, std::memory_order_seq_cst);
+  if (waiters->load(std::memory_order_seq_cst) != 0) futexWakeAll(word);
+}
+
+}  // namespace hoccl

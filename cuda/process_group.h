@@ -1,0 +1,170 @@
+// ProcessGroupHOCCL: the c10d::Backend. Collectives are validated on the calling thread,
+// then run in issue order by one worker thread per group (the CPU stream manager); send/recv
+// go to the P2P engine's progress thread.
+#pragma once
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "executor.h"
+#include "p2p_engine.h"
+#include "plan.h"
+#include "shm_group.h"
+
+namespace hoccl {
+
+class WorkHOCCL : public c10d::Work {
+ public:
+  WorkHOCCL(int rank, c10d::OpType type, std::vector<at::Tensor> outputs);
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  std::vector<at::Tensor> result() override { return outputs_; }
+  int sourceRank() const override { return sourceRank_; }
+  void complete(std::exception_ptr error, int sourceRank = -1);
+
+ private:
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  int sourceRank_ = -1;
+};
+
+// Completes when every member completes: what endCoalescing returns.
+class WorkGroupHOCCL : public c10d::Work {
+ public:
+  WorkGroupHOCCL(int rank, std::vector<c10::intrusive_ptr<WorkHOCCL>> works);
+  bool isCompleted() override;
+  bool wait(std::chrono::milliseconds timeout) override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+
+ private:
+  std::vector<c10::intrusive_ptr<WorkHOCCL>> works_;
+};
+
+enum class AllToAllAlgo { Direct, Pairwise, VarioPath };
+
+struct HocclConfig {
+  ShmConfig shm;
+  int64_t oneShotMaxBytes = 64 << 10;
+  int debug = 0;  // 0 off, 1 INFO, 2 TRACE
+  AllToAllAlgo alltoall = AllToAllAlgo::Direct;
+  static HocclConfig fromEnv(int world);
+};
+
+class ProcessGroupHOCCL : public c10d::Backend {
+ public:
+  ProcessGroupHOCCL(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                    std::chrono::milliseconds timeout);
+  ~ProcessGroupHOCCL() override;
+
+  const std::string getBackendName() const override { return "hoccl"; }
+  bool supportsCoalescing() const override { return true; }
+  void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+  void shutdown() override;
+  void abort() override;
+
+  // VarioPath channels for all_to_all (set by the Python creator from HOCCL_TOPOLOGY).
+  void setAllToAllChannels(std::vector<std::vector<std::pair<int, int>>> channels,
+                           double phaseLatency, double bandwidth);
+  std::string lastAlgorithm() const;
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& outputLists, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& outputSplits,
+                                               std::vector<int64_t>& inputSplits,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
+                                          std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+
+ private:
+  struct Collective;  // one validated, ready-to-run collective
+  using Body = std::function<void()>;
+
+  c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, std::vector<at::Tensor> outputs, Body body);
+  void workerLoop();
+  void runCollective(Collective& c);
+  void validateDescriptors(const Collective& c, uint32_t parity) const;
+  void validateSplits(const Collective& c, uint32_t parity) const;
+  std::vector<TransferPhase> scheduleAllToAll(const std::vector<int64_t>& matrix);
+  std::shared_ptr<const Plan> planFor(const PlanRequest& req);
+  void checkWait(const Collective& c, int peer);
+  void ensureP2P();
+  c10::intrusive_ptr<c10d::Work> postP2P(std::vector<at::Tensor>& tensors, int peer, int tag, bool send);
+
+  // Collective builders shared by the public entry points.
+  void allreduceTensor(const at::Tensor& tensor, RedOp op, double factor);
+  void allgatherBlocks(const at::Tensor& input, const std::vector<at::Tensor>& outputs, OpKind kind, int root);
+  void reduceScatterBlocks(const std::vector<at::Tensor>& inputs, const at::Tensor& output, RedOp op, double factor);
+  void alltoallBlocks(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
+                      const char* opName);
+
+  std::chrono::milliseconds timeout_;
+  HocclConfig config_;
+  std::unique_ptr<ShmGroup> group_;
+  std::unique_ptr<Executor> executor_;
+  std::unique_ptr<P2PEngine> p2p_;
+  std::mutex p2pMutex_;
+  uint32_t opSeq_ = 0;  // worker thread only
+
+  std::mutex queueMutex_;
+  std::condition_variable queueCv_;
+  std::deque<std::pair<c10::intrusive_ptr<WorkHOCCL>, Body>> queue_;
+  bool stopping_ = false;
+  std::thread worker_;
+
+  bool coalescing_ = false;
+  std::vector<c10::intrusive_ptr<WorkHOCCL>> coalesced_;
+
+  std::mutex planMutex_;
+  std::map<std::string, std::shared_ptr<const Plan>> planCache_;
+  std::vector<std::vector<std::pair<int, int>>> channels_;
+  double phaseLatency_ = 5e-6, bandwidth_ = 1e10;
+  mutable std::mutex lastAlgoMutex_;
+  std::string lastAlgo_;
+};
+
+}  // namespace hoccl
