@@ -1,0 +1,10 @@
+"""TopoEP: deterministic, host-sync-free expert balancing for MoE layers.
+
+``topoep.plan`` computes, from per-rank routing counts, which hot experts get replica slots on
+which GPUs and how many tokens each source rank sends to each copy (two stages: across hosts,
+then inside each host). ``topoep.TopoEPMoE`` / ``topoep.attach`` execute such plans around a
+standard MoE layer over any ``torch.distributed`` process group.
+"""
+from .planner import TopoEPPlan, TopoEPPlanner, cross_host_fraction, default_placement, plan
+
+__all__ = ["TopoEPPlan", "TopoEPPlanner", "cross_host_fraction", "default_placement", "plan"]
