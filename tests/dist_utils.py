@@ -6,6 +6,7 @@ test; an exception in any rank fails the test with that rank's traceback. A job 
 """
 from __future__ import annotations
 
+import io
 import multiprocessing as mp
 import os
 import socket
@@ -39,7 +40,10 @@ def _rank_main(fn, rank, world, port, backend, pg_timeout, env, args, queue):
         result = fn(rank, world, *args)
         if backend is not None and dist.is_initialized():
             dist.destroy_process_group()
-        queue.put((rank, "ok", result))
+        # torch.save: tensors travel as bytes, not as shared-memory handles that die with us
+        buf = io.BytesIO()
+        torch.save(result, buf)
+        queue.put((rank, "ok", buf.getvalue()))
     except BaseException as exc:  # noqa: BLE001 - report everything to the parent
         queue.put((rank, "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
 
@@ -94,5 +98,10 @@ def run_ranks(fn: Callable[..., Any], world: int, *args, backend: str | None = "
         status, payload = results[r]
         if status == "error" and not expect_errors:
             raise AssertionError(f"rank {r} failed:\n{payload}")
-        out.append(("error", payload) if status == "error" else payload)
+        if status == "error":
+            out.append(("error", payload))
+        else:
+            import torch
+
+            out.append(torch.load(io.BytesIO(payload), weights_only=False))
     return out

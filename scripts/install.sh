@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs what is missing for hoccl on a fresh machine, then builds the C++ extension against
+# the torch that is installed. Idempotent: a second run does only the (incremental) build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+
+need() { ! $PY -c "import $1" >/dev/null 2>&1; }
+if need torch; then
+  # The CPU wheel of torch 2.13.0 (a bare `pip install torch` would pull a multi-GB CUDA build).
+  $PY -m pip install -q "torch==2.13.0"
+fi
+missing=()
+for mod in ninja numpy pytest; do need "$mod" && missing+=("$mod"); done
+if [ ${#missing[@]} -gt 0 ]; then $PY -m pip install -q "${missing[@]}"; fi
+if need expecttest; then $PY -m pip install -q expecttest || true; fi   # torch's conformance suite
+if need matplotlib; then $PY -m pip install -q matplotlib || true; fi   # --plot only
+# Build against the installed torch (no build isolation: the extension must match its ABI).
+MAX_JOBS=${MAX_JOBS:-2} $PY -m pip install -q --no-build-isolation --no-deps -e . 2>&1 | grep -v "Running pip as the 'root'" || true
+$PY -c "import torch, hoccl_backend; hoccl_backend.load_extension()"

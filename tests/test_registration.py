@@ -1,0 +1,68 @@
+"""Backend registration: the torch entry point, device-mapped backend strings, group names."""
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from dist_utils import run_ranks
+
+
+def _init(backend, rank, world):
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=60))
+
+
+def without_import(rank, world):
+    import sys
+
+    # torch loaded hoccl through its `torch.backends` entry point; the user imported nothing.
+    assert "hoccl" in dist.Backend.backend_list
+    assert "hoccl_backend._C" not in sys.modules  # registration alone must not load the extension
+    _init("hoccl", rank, world)
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t)
+    assert t.item() == world * (world + 1) / 2
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    assert backend.__class__.__name__ == "ProcessGroupHOCCL"
+    dist.destroy_process_group()
+    return True
+
+
+def test_entry_point_registers_without_import():
+    assert run_ranks(without_import, 2, backend=None, env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "1"}) == [True, True]
+
+
+def device_strings(rank, world, spec):
+    import hoccl_backend  # noqa: F401
+
+    _init(spec, rank, world)
+    t = torch.full((4,), float(rank))
+    dist.all_reduce(t)
+    assert torch.all(t == sum(range(world)))
+    cpu_backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    name = cpu_backend.__class__.__name__
+    dist.destroy_process_group()
+    return name
+
+
+def test_cpu_hoccl_string():
+    assert run_ranks(device_strings, 2, "cpu:hoccl", backend=None) == ["ProcessGroupHOCCL"] * 2
+
+
+def test_mixed_string_uses_gloo_for_cpu():
+    # hoccl serves CUDA only here, so CPU tensors go through gloo and no hoccl group is built.
+    assert run_ranks(device_strings, 2, "cpu:gloo,cuda:hoccl", backend=None) == ["ProcessGroupGloo"] * 2
+
+
+def test_autoload_is_cheap_and_safe():
+    import subprocess
+    import sys
+
+    code = ("import time; t=time.perf_counter(); import torch; "
+            "import torch.distributed as d; print('hoccl' in d.Backend.backend_list)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "1"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "True"
