@@ -5,6 +5,8 @@ which GPUs and how many tokens each source rank sends to each copy (two stages: 
 then inside each host). ``topoep.TopoEPMoE`` / ``topoep.attach`` execute such plans around a
 standard MoE layer over any ``torch.distributed`` process group.
 """
+from .moe import SimpleMoE, TopoEPMoE, attach, home_plan
 from .planner import TopoEPPlan, TopoEPPlanner, cross_host_fraction, default_placement, plan
 
-__all__ = ["TopoEPPlan", "TopoEPPlanner", "cross_host_fraction", "default_placement", "plan"]
+__all__ = ["SimpleMoE", "TopoEPMoE", "TopoEPPlan", "TopoEPPlanner", "attach",
+           "cross_host_fraction", "default_placement", "home_plan", "plan"]

@@ -1,0 +1,403 @@
+"""TopoEP around a standard MoE layer: ``TopoEPMoE`` (drop-in wrapper) and ``attach`` (hook).
+
+A "standard MoE layer" here is a module with ``router`` (a Linear to E logits), ``top_k``, and
+experts either as stacked weights (``w1`` [E, d, f], ``b1`` [E, f], ``w2`` [E, f, d],
+``b2`` [E, d]) or as ``experts``, a ModuleList of E identical FFN modules. A ``route(x)``
+method returning (expert ids [n, k], gate weights [n, k]) is used when present; otherwise
+softmax over the router logits followed by top-k.
+
+Per forward, on every rank of the process group (one rank = one "GPU" of the topology):
+  1. routing counts [E] -> one all_gather -> counts [R, E];
+  2. ``planner(counts)`` -> the same plan on every rank (no host sync);
+  3. replicas: each slot's expert weights come from the owner (one all_to_all, even splits);
+  4. dispatch: every (token, k) assignment goes to a copy of its expert as the plan says;
+     ``exact``: uneven all_to_all_single after one host read of the split sizes;
+     ``padded``: fixed capacity per peer, even splits, no host sync; overflow is dropped and
+     counted on device (``last_stats['overflow']``);
+  5. experts compute; results return by the reverse all_to_all; the source combines with
+     its gate weights.
+Backward runs the same collectives in reverse; replica gradients return to the owner (summed
+into the owner's parameters).
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .planner import TopoEPPlan, TopoEPPlanner, default_placement
+
+# --------------------------------------------------------------------------- reference MoE
+
+
+class FFN(nn.Module):
+    """One expert: Linear -> GELU -> Linear."""
+
+    def __init__(self, d_model: int, d_ff: int):
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, d_ff)
+        self.fc2 = nn.Linear(d_ff, d_model)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class SimpleMoE(nn.Module):
+    """A plain single-process MoE layer (the reference TopoEP must reproduce)."""
+
+    def __init__(self, d_model: int, d_ff: int, num_experts: int, top_k: int = 2,
+                 stacked: bool = True):
+        super().__init__()
+        self.num_experts, self.top_k, self.stacked = num_experts, top_k, stacked
+        self.router = nn.Linear(d_model, num_experts, bias=False)
+        if stacked:
+            self.w1 = nn.Parameter(torch.randn(num_experts, d_model, d_ff) / math.sqrt(d_model))
+            self.b1 = nn.Parameter(torch.randn(num_experts, d_ff) * 0.02)
+            self.w2 = nn.Parameter(torch.randn(num_experts, d_ff, d_model) / math.sqrt(d_ff))
+            self.b2 = nn.Parameter(torch.randn(num_experts, d_model) * 0.02)
+        else:
+            self.experts = nn.ModuleList(FFN(d_model, d_ff) for _ in range(num_experts))
+
+    def route(self, x):
+        probs = torch.softmax(self.router(x).float(), dim=-1)
+        w, idx = torch.topk(probs, self.top_k, dim=-1)
+        return idx, w.to(x.dtype)
+
+    def expert(self, e: int, x):
+        if self.stacked:
+            return stacked_ffn(x, {"w1": self.w1[e], "b1": self.b1[e], "w2": self.w2[e],
+                                   "b2": self.b2[e]})
+        return self.experts[e](x)
+
+    def forward(self, x):
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        idx, w = self.route(x)
+        out = torch.zeros_like(x)
+        for e in range(self.num_experts):
+            tok, slot = torch.where(idx == e)
+            if tok.numel():
+                out = out.index_add(0, tok, self.expert(e, x[tok]) * w[tok, slot, None])
+        return out.reshape(shape)
+
+
+def stacked_ffn(x, p):
+    return F.gelu(x @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"]
+
+
+# --------------------------------------------------------------------------- collectives
+
+
+class _A2A(torch.autograd.Function):
+    """Differentiable all_to_all_single (backward = the reverse exchange)."""
+
+    @staticmethod
+    def forward(ctx, x, out_rows, out_splits, in_splits, group):
+        ctx.group, ctx.in_rows = group, x.shape[0]
+        ctx.out_splits, ctx.in_splits = out_splits, in_splits
+        out = x.new_empty((out_rows,) + tuple(x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        gi = g.new_empty((ctx.in_rows,) + tuple(g.shape[1:]))
+        dist.all_to_all_single(gi, g.contiguous(), ctx.in_splits, ctx.out_splits,
+                               group=ctx.group)
+        return gi, None, None, None, None
+
+
+class _Replicate(torch.autograd.Function):
+    """Owner -> replica slots of expert weights; backward sums replica grads to the owner.
+
+    owned [E_loc + 1, P] (last row zeros), send_idx [R, S] (row of ``owned`` this rank sends
+    for peer p's slot s: the owned expert's local index, or E_loc if not the owner),
+    back_idx [R, S] (for each source's slot: where its gradient lands here, E_loc if not
+    ours), owner_of_my_slot [S]. Even splits, no host sync."""
+
+    @staticmethod
+    def forward(ctx, owned, send_idx, back_idx, my_owner, group):
+        r, s = send_idx.shape
+        p = owned.shape[1]
+        send = owned.index_select(0, send_idx.reshape(-1)).contiguous()  # [R*S, P]
+        recv = torch.empty_like(send)
+        dist.all_to_all_single(recv, send, group=group)
+        ctx.save_for_backward(back_idx, my_owner)
+        ctx.shape, ctx.group = (r, s, p, owned.shape[0]), group
+        return recv.view(r, s, p).sum(0)  # only the owner's row is nonzero
+
+    @staticmethod
+    def backward(ctx, g):
+        back_idx, my_owner = ctx.saved_tensors
+        r, s, p, rows = ctx.shape
+        onehot = (torch.arange(r, device=g.device)[:, None] == my_owner[None, :]).to(g.dtype)
+        send = (onehot[:, :, None] * g[None]).reshape(r * s, p).contiguous()
+        recv = torch.empty_like(send)
+        dist.all_to_all_single(recv, send, group=ctx.group)
+        grad = torch.zeros((rows, p), dtype=g.dtype, device=g.device)
+        grad.index_add_(0, back_idx.reshape(-1), recv)
+        grad[rows - 1] = 0
+        return grad, None, None, None, None
+
+
+# --------------------------------------------------------------------------- the wrapper
+
+
+def home_plan(counts: torch.Tensor, placement: torch.Tensor, hosts: int,
+              gpus_per_host: int) -> TopoEPPlan:
+    """No balancing: every token to its expert's home (same object as a TopoEP plan)."""
+    r, e = counts.shape
+    tokens = torch.zeros((r, e, r), dtype=torch.long, device=counts.device)
+    tokens.scatter_(2, placement.to(counts.device).expand(r, e)[:, :, None], counts[:, :, None])
+    load = tokens.sum((0, 1))
+    return TopoEPPlan(slot_expert=torch.full((r, 1), -1, dtype=torch.long, device=counts.device),
+                      slot_tokens=torch.zeros((r, 1), dtype=torch.long, device=counts.device),
+                      tokens=tokens, expert_gpu=tokens.sum(0), load=load, home_load=load,
+                      candidate=torch.zeros((), dtype=torch.long), hosts=hosts,
+                      gpus_per_host=gpus_per_host)
+
+
+class TopoEPMoE(nn.Module):
+    """Expert-parallel execution of a standard MoE layer with TopoEP balancing.
+
+    Every rank passes the same full ``moe`` (same weights, e.g. same seed or loaded
+    checkpoint); the wrapper keeps the router and this rank's experts (its home experts under
+    ``placement``). ``forward(x)`` takes this rank's tokens and returns their outputs.
+
+    Args:
+      hosts: number of hosts in the topology (world = hosts x gpus_per_host).
+      slots_per_gpu: replica slots per rank (>= 1), or give ``budget_bytes`` (bytes of expert
+        weights per rank for replicas; must hold at least one expert).
+      mode: ``"exact"`` or ``"padded"`` (then ``capacity``: rows per peer per layer, default
+        ceil(2 * tokens * top_k / world)).
+      balance: False runs the same dispatch with no replicas (the "none" baseline).
+    """
+
+    def __init__(self, moe: nn.Module, group=None, hosts: int = 1, slots_per_gpu: int | None = None,
+                 budget_bytes: int | None = None, mode: str = "exact", capacity: int | None = None,
+                 placement: torch.Tensor | None = None, balance: bool = True,
+                 min_piece: int = 1):
+        super().__init__()
+        if not dist.is_initialized():
+            raise RuntimeError("topoep: TopoEPMoE needs an initialized torch.distributed group")
+        if mode not in ("exact", "padded"):
+            raise ValueError(f"topoep: mode must be 'exact' or 'padded', got {mode!r}")
+        self.group = group
+        self.world = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        if self.world % hosts:
+            raise ValueError(f"topoep: world size {self.world} is not divisible by hosts={hosts}")
+        self.hosts, self.gpus_per_host = hosts, self.world // hosts
+        if not hasattr(moe, "router"):
+            raise TypeError("topoep: the MoE module needs a `router` (Linear to E logits)")
+        self.num_experts = E = moe.router.out_features
+        self.top_k = int(getattr(moe, "top_k"))
+        self.router = moe.router
+        self._route: Callable | None = getattr(moe, "route", None)
+        if placement is None:
+            placement = default_placement(E, self.world)  # raises if not divisible
+        self.register_buffer("placement", placement.clone(), persistent=False)
+        owned = [e for e in range(E) if int(placement[e]) == self.rank]
+        self.owned = owned
+        # ---- experts: a flat view [E_loc, P] built from this rank's parameters
+        if all(hasattr(moe, n) for n in ("w1", "b1", "w2", "b2")):
+            oi = torch.tensor(owned)
+            self.w1 = nn.Parameter(moe.w1.detach()[oi].clone())
+            self.b1 = nn.Parameter(moe.b1.detach()[oi].clone())
+            self.w2 = nn.Parameter(moe.w2.detach()[oi].clone())
+            self.b2 = nn.Parameter(moe.b2.detach()[oi].clone())
+            self._names = ["w1", "b1", "w2", "b2"]
+            self._shapes = [tuple(getattr(self, n).shape[1:]) for n in self._names]
+            self._fn = stacked_ffn
+            self.experts = None
+        elif hasattr(moe, "experts") and isinstance(moe.experts, nn.ModuleList):
+            self.experts = nn.ModuleList(moe.experts[e] for e in owned)
+            template = moe.experts[0]
+            self._names = [n for n, _ in template.named_parameters()]
+            self._shapes = [tuple(p.shape) for _, p in template.named_parameters()]
+            import copy
+            tmpl = copy.deepcopy(template).to("meta")
+            self._fn = lambda x, p: torch.func.functional_call(tmpl, p, (x,))
+        else:
+            raise TypeError("topoep: experts must be stacked weights (w1, b1, w2, b2) or a "
+                            "ModuleList `experts`")
+        self._numel = [math.prod(s) for s in self._shapes]
+        self.expert_numel = sum(self._numel)
+        p0 = next(iter(moe.parameters()))
+        self.expert_bytes = self.expert_numel * p0.element_size()
+        if slots_per_gpu is None:
+            if budget_bytes is None:
+                slots_per_gpu = 2
+            else:
+                slots_per_gpu = int(budget_bytes) // self.expert_bytes
+                if slots_per_gpu < 1:
+                    raise ValueError(f"topoep: replica budget too small: {budget_bytes} bytes "
+                                     f"cannot hold one expert ({self.expert_bytes} bytes)")
+        self.balance = balance
+        self.slots = slots_per_gpu
+        self.planner = TopoEPPlanner(E, self.hosts, self.gpus_per_host, slots_per_gpu,
+                                     placement, min_piece=min_piece) if balance else None
+        self.mode, self.capacity = mode, capacity
+        local = torch.full((E,), -1, dtype=torch.long)
+        local[torch.tensor(owned)] = torch.arange(len(owned))
+        self.register_buffer("local_index", local, persistent=False)  # expert -> owned row
+        self.last_stats: dict = {}
+        self.last_plan: TopoEPPlan | None = None
+
+    # ------------------------------------------------------------------ pieces
+    def _owned_flat(self):
+        if self.experts is None:
+            parts = [getattr(self, n).reshape(len(self.owned), -1) for n in self._names]
+            return torch.cat(parts, 1)
+        return torch.stack([torch.cat([p.reshape(-1) for p in ex.parameters()])
+                            for ex in self.experts])
+
+    def _unflat(self, v):
+        out, o = {}, 0
+        for n, s, k in zip(self._names, self._shapes, self._numel):
+            out[n] = v[o:o + k].view(s)
+            o += k
+        return out
+
+    def route(self, x):
+        if self._route is not None:
+            return self._route(x)
+        probs = torch.softmax(self.router(x).float(), dim=-1)
+        w, idx = torch.topk(probs, self.top_k, dim=-1)
+        return idx, w.to(x.dtype)
+
+    def make_plan(self, counts: torch.Tensor) -> TopoEPPlan:
+        if self.balance:
+            return self.planner(counts)
+        return home_plan(counts, self.placement, self.hosts, self.gpus_per_host)
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, x):
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        dev, E, R, me = x.device, self.num_experts, self.world, self.rank
+        idx, gate = self.route(x)
+        n, k = idx.shape
+        e_a = idx.reshape(-1)
+        local_counts = torch.zeros(E, dtype=torch.long, device=dev).scatter_add_(
+            0, e_a, torch.ones_like(e_a))
+        counts = torch.empty(R * E, dtype=torch.long, device=dev)
+        dist.all_gather_into_tensor(counts, local_counts, group=self.group)
+        counts = counts.view(R, E)
+        plan = self.make_plan(counts)
+        self.last_plan = plan
+
+        # ---- weights of this rank's copies: owned experts, then replica slots
+        owned = self._owned_flat()
+        e_loc = owned.shape[0]
+        slot_e = plan.slot_expert  # [R, S]
+        S = slot_e.shape[1] if self.balance else 0
+        weights = owned
+        if self.balance:
+            owner = torch.where(slot_e >= 0, self.placement[slot_e.clamp(min=0)], -1)
+            mine = owner == me
+            loc = self.local_index[slot_e.clamp(min=0)]
+            send_idx = torch.where(mine, loc, e_loc)
+            owned_pad = torch.cat([owned, owned.new_zeros((1, owned.shape[1]))])
+            replicas = _Replicate.apply(owned_pad, send_idx, send_idx, owner[me], self.group)
+            weights = torch.cat([owned, replicas])  # [E_loc + S, P]
+        # weight row used here for expert e (home row, else first slot holding it, else -1)
+        widx = self.local_index.clone()
+        if self.balance:
+            for s in reversed(range(S)):
+                es = slot_e[me, s]
+                hit = (torch.arange(E, device=dev) == es) & (widx < 0)
+                widx = torch.where(hit, e_loc + s, widx)
+
+        # ---- order my (token, k) assignments by (destination, expert, rank within expert)
+        tok_a = torch.arange(n, device=dev).repeat_interleave(k)
+        _, o1 = torch.sort(e_a, stable=True)
+        es = e_a[o1]
+        start = local_counts.cumsum(0) - local_counts
+        r_a = torch.arange(n * k, device=dev) - start[es]
+        cum_g = plan.tokens[me].cumsum(1)  # [E, R]
+        dest = torch.searchsorted(cum_g[es], r_a[:, None], right=True)[:, 0]
+        _, o2 = torch.sort(dest * E + es, stable=True)
+        order = o1[o2]
+        dest = dest[o2]
+        rows = x.index_select(0, tok_a[order])
+        send_cnt = plan.tokens[me].sum(0)  # [R] rows to each peer
+        recv_cnt_se = plan.tokens[:, :, me]  # [R(src), E]
+
+        if self.mode == "exact":
+            nw = e_loc + S
+            per_w = torch.zeros(nw + 1, dtype=torch.long, device=dev).scatter_add_(
+                0, torch.where(widx >= 0, widx, nw), recv_cnt_se.sum(0))[:nw]
+            meta = torch.cat([send_cnt, recv_cnt_se.sum(1), per_w]).tolist()  # one host read
+            in_splits, out_splits, per_w = meta[:R], meta[R:2 * R], meta[2 * R:]
+            recv = _A2A.apply(rows, sum(out_splits), out_splits, in_splits, self.group)
+            row_w = torch.repeat_interleave(widx.repeat(R), recv_cnt_se.reshape(-1),
+                                            output_size=recv.shape[0])
+            _, ow = torch.sort(row_w, stable=True)
+            xs = recv.index_select(0, ow)
+            outs, o = [], 0
+            for j, c in enumerate(per_w):
+                if c:
+                    outs.append(self._fn(xs[o:o + c], self._unflat(weights[j])))
+                    o += c
+            ys = torch.cat(outs) if outs else recv.new_zeros((0, recv.shape[1]))
+            y = torch.zeros_like(recv).index_copy(0, ow, ys) if recv.shape[0] else recv
+            back = _A2A.apply(y, rows.shape[0], in_splits, out_splits, self.group)
+            overflow = torch.zeros((), dtype=torch.long, device=dev)
+        else:
+            cap = self.capacity or max(1, math.ceil(2 * n * k / R))
+            blk = torch.cumsum(send_cnt, 0) - send_cnt
+            pos = torch.arange(n * k, device=dev) - blk[dest]
+            keep = pos < cap
+            slot = torch.where(keep, dest * cap + pos, R * cap)
+            send = torch.zeros((R * cap + 1, x.shape[1]), dtype=x.dtype, device=dev)
+            send = send.index_add(0, slot, rows)[:R * cap]
+            overflow = (send_cnt - cap).clamp(min=0).sum()
+            recv = _A2A.apply(send, R * cap, None, None, self.group)
+            # expert of each received row from its position inside the source's block
+            cum_e = recv_cnt_se.cumsum(1)  # [R, E]
+            i = torch.arange(cap, device=dev)
+            e_row = torch.searchsorted(cum_e, i.expand(R, cap).contiguous(), right=True)
+            valid = e_row < E
+            w_row = torch.where(valid, widx[e_row.clamp(max=E - 1)], -1).reshape(-1)
+            y = torch.zeros_like(recv)
+            for j in range(e_loc + S):
+                m = (w_row == j).to(recv.dtype)[:, None]
+                y = y + m * self._fn(recv, self._unflat(weights[j]))
+            back_all = _A2A.apply(y, R * cap, None, None, self.group)
+            back_all = torch.cat([back_all, back_all.new_zeros((1, x.shape[1]))])
+            back = back_all.index_select(0, slot)
+        # ---- combine at the source with the gate weights
+        g_a = gate.reshape(-1)[order]
+        out = torch.zeros_like(x).index_add(0, tok_a[order], back * g_a[:, None])
+        self.last_stats = {
+            "imbalance": plan.imbalance(),
+            "home_imbalance": _imb(plan.home_load),
+            "overflow": overflow,
+            "replicas": plan.num_replicas() if self.balance else torch.zeros(()),
+            "replica_bytes": (plan.num_replicas() * self.expert_bytes) if self.balance
+            else torch.zeros(()),
+            "tokens_moved": plan.tokens_moved_off_home() if self.balance else torch.zeros(()),
+        }
+        return out.reshape(shape)
+
+
+def _imb(load):
+    load = load.to(torch.float64)
+    return load.max() / load.mean().clamp(min=1e-30)
+
+
+def attach(moe: nn.Module, group=None, **kwargs) -> TopoEPMoE:
+    """Hook TopoEP into an existing MoE module in place: its forward now runs the
+    expert-parallel TopoEP path. Returns the wrapper (registered as ``moe.topoep``; its
+    parameters - the router and this rank's experts - become part of ``moe.parameters()``).
+    With stacked expert weights, the original full tensors stay in the module but receive
+    no gradients; train ``moe.topoep``'s copies (or pass them to the optimizer)."""
+    wrapper = TopoEPMoE(moe, group=group, **kwargs)
+    moe.topoep = wrapper
+    moe.forward = wrapper.forward
+    return wrapper
