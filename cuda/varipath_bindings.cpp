@@ -1,0 +1,98 @@
+// pybind11 module varipath._scheduler: the VarioPath online scheduler for Python.
+// Uses torch's bundled pybind11 headers only (see FACTS.md); no torch headers are needed.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <tuple>
+
+#include "varipath_scheduler.h"
+
+namespace py = pybind11;
+using hoccl::varipath::CostModel;
+using hoccl::varipath::Phase;
+using hoccl::varipath::PlanInfo;
+using hoccl::varipath::Scheduler;
+
+namespace {
+
+using PyPhase = std::vector<std::tuple<int, int, int64_t>>;
+
+std::vector<PyPhase> to_python(const std::vector<Phase>& phases) {
+  std::vector<PyPhase> out;
+  out.reserve(phases.size());
+  for (const Phase& ph : phases) {
+    PyPhase p;
+    p.reserve(ph.size());
+    for (const auto& t : ph) p.emplace_back(t.src, t.dst, t.bytes);
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+std::vector<Phase> from_python(const std::vector<PyPhase>& phases) {
+  std::vector<Phase> out;
+  for (const PyPhase& ph : phases) {
+    Phase p;
+    for (const auto& t : ph) p.push_back({std::get<0>(t), std::get<1>(t), std::get<2>(t)});
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+// Median wall time of `repeats` plan() calls in microseconds, measured without Python overhead.
+double plan_time_us(const Scheduler& s, const std::vector<int64_t>& demand, int repeats) {
+  std::vector<double> t;
+  for (int i = 0; i < std::max(1, repeats); ++i) {
+    const auto a = std::chrono::steady_clock::now();
+    auto plan = s.plan(demand);
+    const auto b = std::chrono::steady_clock::now();
+    t.push_back(std::chrono::duration<double, std::micro>(b - a).count());
+  }
+  std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
+  return t[t.size() / 2];
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_scheduler, m) {
+  m.doc() = "VarioPath online alltoallv scheduler (C++)";
+  py::register_exception<std::invalid_argument>(m, "SchedulerValueError", PyExc_ValueError);
+  py::class_<Scheduler>(m, "Scheduler")
+      .def(py::init<int, std::vector<std::vector<std::pair<int, int>>>, double, double>(), py::arg("n"),
+           py::arg("channels"), py::arg("phase_latency_s"), py::arg("bandwidth_Bps"))
+      .def("set_link_model", &Scheduler::set_link_model, py::arg("link_bw"), py::arg("pair_links"))
+      .def(
+          "set_cost_model",
+          [](Scheduler& s, double eta_beta, double eta_min, int copy_engines) {
+            CostModel m;
+            m.eta_beta = eta_beta;
+            m.eta_min = eta_min;
+            m.copy_engines = copy_engines;
+            s.set_cost_model(m);
+          },
+          py::arg("eta_beta") = 0.0, py::arg("eta_min") = 1.0, py::arg("copy_engines") = 0)
+      .def(
+          "plan", [](const Scheduler& s, const std::vector<int64_t>& d) { return to_python(s.plan(d)); },
+          py::arg("demand"), "Phases covering the n*n row-major demand exactly.")
+      .def(
+          "plan_info",
+          [](const Scheduler& s, const std::vector<int64_t>& d) {
+            PlanInfo info;
+            auto phases = to_python(s.plan_info(d, &info));
+            py::dict meta;
+            meta["est_cost_s"] = info.est_cost_s;
+            meta["channel_phases"] = info.channel_phases;
+            meta["merge_factor"] = info.merge_factor;
+            meta["quantum_bytes"] = info.quantum_bytes;
+            return py::make_tuple(phases, meta);
+          },
+          py::arg("demand"))
+      .def(
+          "estimate", [](const Scheduler& s, const std::vector<PyPhase>& p) { return s.estimate(from_python(p)); },
+          py::arg("phases"))
+      .def("plan_time_us", &plan_time_us, py::arg("demand"), py::arg("repeats") = 20)
+      .def_property_readonly("num_gpus", &Scheduler::num_gpus)
+      .def_property_readonly("num_channels", &Scheduler::num_channels);
+}

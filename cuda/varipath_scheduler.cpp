@@ -1,0 +1,264 @@
+// VarioPath online scheduler (see varipath_scheduler.h).
+//
+// plan() runs a few greedy decompositions of the demand into channel phases (one per byte
+// quantum), then for each considers fusing runs of consecutive phases (fewer phases pay fewer
+// start latencies but let flows share links), and returns the candidate with the lowest
+// cost-model estimate.  Everything is integer bookkeeping plus fixed-order scans, so every rank
+// computes bit-identical plans from the same matrix.
+#include "varipath_scheduler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+namespace hoccl {
+namespace varipath {
+
+namespace {
+
+std::string pair_name(int p, int n) {
+  return "(" + std::to_string(p / n) + ", " + std::to_string(p % n) + ")";
+}
+
+// Weight floor so that pairs off the bottleneck still get scheduled by volume.
+constexpr double kMinWeight = 0.05;
+
+}  // namespace
+
+Scheduler::Scheduler(int n, std::vector<std::vector<std::pair<int, int>>> channels,
+                     double phase_latency_s, double bandwidth_Bps)
+    : n_(n), latency_s_(phase_latency_s), rate_Bps_(bandwidth_Bps) {
+  if (n < 1) throw std::invalid_argument("varipath::Scheduler: n must be >= 1, got " + std::to_string(n));
+  if (!(phase_latency_s >= 0.0) || !(bandwidth_Bps > 0.0))
+    throw std::invalid_argument("varipath::Scheduler: need phase_latency_s >= 0 and bandwidth_Bps > 0");
+  pair_chans_.assign(static_cast<size_t>(n) * n, {});
+  for (size_t c = 0; c < channels.size(); ++c) {
+    std::vector<int> ids;
+    for (const auto& sd : channels[c]) {
+      if (sd.first < 0 || sd.first >= n || sd.second < 0 || sd.second >= n || sd.first == sd.second)
+        throw std::invalid_argument("varipath::Scheduler: channel " + std::to_string(c) +
+                                    " has invalid pair (" + std::to_string(sd.first) + ", " +
+                                    std::to_string(sd.second) + ") for n=" + std::to_string(n));
+      ids.push_back(sd.first * n + sd.second);
+    }
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    for (int p : ids) pair_chans_[p].push_back(static_cast<int>(chan_pairs_.size()));
+    chan_pairs_.push_back(std::move(ids));
+  }
+  // Default link model: one send and one receive port per GPU at the per-pair rate.
+  std::vector<double> bw(2 * static_cast<size_t>(n), bandwidth_Bps);
+  std::vector<std::vector<int>> pl(static_cast<size_t>(n) * n);
+  for (int s = 0; s < n; ++s)
+    for (int d = 0; d < n; ++d)
+      if (s != d) pl[s * n + d] = {s, n + d};
+  link_bw_ = std::move(bw);
+  pair_links_ = std::move(pl);
+}
+
+void Scheduler::set_link_model(std::vector<double> link_bw, std::vector<std::vector<int>> pair_links) {
+  if (pair_links.size() != static_cast<size_t>(n_) * n_)
+    throw std::invalid_argument("varipath::Scheduler::set_link_model: need n*n pair paths, got " +
+                                std::to_string(pair_links.size()));
+  for (double b : link_bw)
+    if (!(b > 0.0)) throw std::invalid_argument("varipath::Scheduler::set_link_model: link bandwidth must be > 0");
+  for (size_t p = 0; p < pair_links.size(); ++p)
+    for (int l : pair_links[p])
+      if (l < 0 || static_cast<size_t>(l) >= link_bw.size())
+        throw std::invalid_argument("varipath::Scheduler::set_link_model: pair " +
+                                    pair_name(static_cast<int>(p), n_) + " names link " + std::to_string(l) +
+                                    " out of range");
+  link_bw_ = std::move(link_bw);
+  pair_links_ = std::move(pair_links);
+}
+
+void Scheduler::set_cost_model(const CostModel& model) {
+  if (model.eta_beta < 0.0 || model.eta_min <= 0.0 || model.eta_min > 1.0 || model.copy_engines < 0)
+    throw std::invalid_argument("varipath::Scheduler::set_cost_model: need eta_beta >= 0, 0 < eta_min <= 1, copy_engines >= 0");
+  model_ = model;
+}
+
+void Scheduler::validate_demand(const std::vector<int64_t>& demand) const {
+  const size_t want = static_cast<size_t>(n_) * n_;
+  if (demand.size() != want)
+    throw std::invalid_argument("varipath::Scheduler::plan: demand must have n*n = " + std::to_string(want) +
+                                " entries (row-major), got " + std::to_string(demand.size()));
+  for (size_t p = 0; p < want; ++p) {
+    const int s = static_cast<int>(p) / n_, d = static_cast<int>(p) % n_;
+    if (s == d) continue;
+    if (demand[p] < 0)
+      throw std::invalid_argument("varipath::Scheduler::plan: negative demand " + std::to_string(demand[p]) +
+                                  " at " + pair_name(static_cast<int>(p), n_));
+    if (demand[p] > 0 && pair_chans_[p].empty())
+      throw std::invalid_argument("varipath::Scheduler::plan: demand at " + pair_name(static_cast<int>(p), n_) +
+                                  " but no channel contains that pair");
+  }
+}
+
+// Pairs crossing the most loaded links (relative to capacity) are served first: they decide
+// the completion time, so every phase should keep those links busy.
+std::vector<double> Scheduler::pair_urgency(const std::vector<int64_t>& demand, double* bound_s) const {
+  std::vector<double> load(link_bw_.size(), 0.0);
+  for (size_t p = 0; p < demand.size(); ++p)
+    if (static_cast<int>(p) / n_ != static_cast<int>(p) % n_ && demand[p] > 0)
+      for (int l : pair_links_[p]) load[l] += static_cast<double>(demand[p]);
+  double top = 0.0;
+  for (size_t l = 0; l < load.size(); ++l) top = std::max(top, load[l] / link_bw_[l]);
+  *bound_s = top;
+  std::vector<double> w(demand.size(), 0.0);
+  if (top <= 0.0) return w;
+  for (size_t p = 0; p < demand.size(); ++p) {
+    double u = 0.0;
+    for (int l : pair_links_[p]) u = std::max(u, load[l] / link_bw_[l]);
+    w[p] = kMinWeight + u / top;
+  }
+  return w;
+}
+
+// One greedy pass: repeatedly take the channel that moves the most urgency-weighted bytes
+// (each pair capped at `quantum` per phase).  Channel scores are updated incrementally through
+// the pair -> channels index, so a pass costs O(phases * channels + moved pairs * multiplicity).
+std::vector<std::vector<int>> Scheduler::decompose(const std::vector<int64_t>& demand,
+                                                   const std::vector<double>& weight, int64_t quantum,
+                                                   bool scale_by_rate,
+                                                   std::vector<std::vector<int64_t>>* bytes) const {
+  // Per-pair cap: the quantum scaled by the pair's full rate, so a phase's transfers take
+  // about the same time (a slow cross-socket pair gets fewer bytes than a local one).
+  std::vector<int64_t> cap(demand.size(), quantum);
+  for (size_t p = 0; p < demand.size(); ++p) {
+    double r = rate_Bps_;
+    for (int l : pair_links_[p]) r = std::min(r, link_bw_[l]);
+    cap[p] = scale_by_rate ? std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(quantum) * (r / rate_Bps_)))
+                           : quantum;
+  }
+  std::vector<int64_t> left(demand.size(), 0);
+  int64_t total = 0;
+  for (size_t p = 0; p < demand.size(); ++p)
+    if (static_cast<int>(p) / n_ != static_cast<int>(p) % n_) {
+      left[p] = demand[p];
+      total += demand[p];
+    }
+  std::vector<double> score(chan_pairs_.size(), 0.0);
+  for (size_t c = 0; c < chan_pairs_.size(); ++c)
+    for (int p : chan_pairs_[c]) score[c] += weight[p] * static_cast<double>(std::min(left[p], cap[p]));
+  std::vector<std::vector<int>> phases;
+  while (total > 0) {
+    size_t best = 0;
+    for (size_t c = 1; c < score.size(); ++c)
+      if (score[c] > score[best]) best = c;
+    std::vector<int> pairs;
+    std::vector<int64_t> amount;
+    for (int p : chan_pairs_[best]) {
+      if (left[p] <= 0) continue;
+      const int64_t before = std::min(left[p], cap[p]);
+      left[p] -= before;
+      total -= before;
+      const double delta = weight[p] * static_cast<double>(before - std::min(left[p], cap[p]));
+      for (int c : pair_chans_[p]) score[c] -= delta;
+      pairs.push_back(p);
+      amount.push_back(before);
+    }
+    if (pairs.empty()) throw std::logic_error("varipath::Scheduler: greedy pass made no progress");
+    score[best] = std::max(score[best], 0.0);
+    phases.push_back(std::move(pairs));
+    bytes->push_back(std::move(amount));
+  }
+  return phases;
+}
+
+double Scheduler::phase_cost(const Phase& phase) const {
+  if (phase.empty()) return 0.0;
+  std::vector<double> load(link_bw_.size(), 0.0);
+  std::vector<int> flows(link_bw_.size(), 0);
+  for (const Transfer& t : phase)
+    for (int l : pair_links_[t.src * n_ + t.dst]) {
+      load[l] += static_cast<double>(t.bytes);
+      flows[l] += 1;
+    }
+  double worst = 0.0;
+  for (size_t l = 0; l < load.size(); ++l) {
+    if (flows[l] == 0) continue;
+    double cap = link_bw_[l];
+    if (flows[l] > 1 && model_.eta_beta > 0.0)
+      cap *= std::max(model_.eta_min, 1.0 - model_.eta_beta * std::log2(static_cast<double>(flows[l])));
+    worst = std::max(worst, load[l] / cap);
+  }
+  return latency_s_ + worst;
+}
+
+double Scheduler::estimate(const std::vector<Phase>& phases) const {
+  double total = 0.0;
+  for (const Phase& ph : phases) total += phase_cost(ph);
+  return total;
+}
+
+// Fuse runs of `merge` consecutive channel phases; a pair repeated inside a run becomes one
+// transfer at its first position, so per-source order still follows the channel order.
+std::vector<Phase> Scheduler::materialize(const std::vector<std::vector<int>>& chans,
+                                          const std::vector<std::vector<int64_t>>& bytes, int merge) const {
+  std::vector<Phase> out;
+  std::vector<int> slot(static_cast<size_t>(n_) * n_, -1);
+  for (size_t start = 0; start < chans.size(); start += merge) {
+    Phase ph;
+    const size_t stop = std::min(chans.size(), start + static_cast<size_t>(merge));
+    for (size_t i = start; i < stop; ++i)
+      for (size_t k = 0; k < chans[i].size(); ++k) {
+        const int p = chans[i][k];
+        if (slot[p] < 0) {
+          slot[p] = static_cast<int>(ph.size());
+          ph.push_back(Transfer{static_cast<int32_t>(p / n_), static_cast<int32_t>(p % n_), 0});
+        }
+        ph[slot[p]].bytes += bytes[i][k];
+      }
+    for (const Transfer& t : ph) slot[t.src * n_ + t.dst] = -1;
+    out.push_back(std::move(ph));
+  }
+  return out;
+}
+
+std::vector<Phase> Scheduler::plan(const std::vector<int64_t>& demand) const {
+  return plan_info(demand, nullptr);
+}
+
+std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, PlanInfo* info) const {
+  validate_demand(demand);
+  int64_t top = 0;
+  for (size_t p = 0; p < demand.size(); ++p)
+    if (static_cast<int>(p) / n_ != static_cast<int>(p) % n_) top = std::max(top, demand[p]);
+  if (info) *info = PlanInfo{};
+  if (top == 0) return {};
+  double bound_s = 0.0;
+  const std::vector<double> weight = pair_urgency(demand, &bound_s);
+  std::vector<Phase> best;
+  double best_cost = std::numeric_limits<double>::infinity();
+  // Quanta: whole pairs per phase (few phases), or slices of the bottleneck time so that the
+  // bottleneck link stays busy in every phase even when a few pairs dominate (skew).
+  const double lb_bytes = bound_s * rate_Bps_;
+  std::vector<int64_t> quanta = {top};
+  for (double k : {1.0, 2.0, 4.0}) {
+    const int64_t q = static_cast<int64_t>(std::ceil(lb_bytes / (k * n_)));
+    if (q > 0 && q < top && std::find(quanta.begin(), quanta.end(), q) == quanta.end()) quanta.push_back(q);
+  }
+  for (int64_t q : quanta) {
+    std::vector<std::vector<int64_t>> bytes;
+    const auto chans = decompose(demand, weight, q, q != top, &bytes);
+    const int count = static_cast<int>(chans.size());
+    for (int merge = 1;; merge *= 2) {
+      const int m = std::min(merge, count);
+      std::vector<Phase> cand = materialize(chans, bytes, m);
+      const double cost = estimate(cand);
+      if (cost < best_cost * (1.0 - 1e-12)) {
+        best_cost = cost;
+        best = std::move(cand);
+        if (info) *info = PlanInfo{cost, count, m, static_cast<double>(q)};
+      }
+      if (m >= count) break;
+    }
+  }
+  return best;
+}
+
+}  // namespace varipath
+}  // namespace hoccl

@@ -1,0 +1,83 @@
+// VarioPath online scheduler: decomposes an alltoallv demand matrix into a short sequence of
+// phases, each a subset of one contention-free channel from the offline catalog.
+//
+// Pure C++17 (standard library only): the core backend compiles this file into its own
+// extension, and varipath_bindings.cpp exposes it to Python as varipath._scheduler.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace hoccl {
+namespace varipath {
+
+struct Transfer {
+  int32_t src;
+  int32_t dst;
+  int64_t bytes;
+};
+using Phase = std::vector<Transfer>;
+
+// Cost model used to choose among candidate plans.  Defaults: "fluid" sharing on two virtual
+// links per GPU (send, receive) at the per-pair rate; set_link_model() installs the real
+// directed links of a topology.
+struct CostModel {
+  double eta_beta = 0.0;   // contention: k flows on a link deliver bw*max(eta_min, 1-beta*log2 k)
+  double eta_min = 1.0;
+  int copy_engines = 0;    // >0: at most this many concurrent transfers per source GPU
+};
+
+// Summary of the plan chosen by the last plan_info() call.
+struct PlanInfo {
+  double est_cost_s = 0.0;     // cost-model estimate of the chosen plan
+  int channel_phases = 0;      // phases before merging
+  int merge_factor = 1;        // consecutive channel phases fused per output phase
+  double quantum_bytes = 0.0;  // per-pair byte quantum of the chosen greedy pass
+};
+
+class Scheduler {
+ public:
+  // n GPUs; channels: contention-free sets of (src,dst) pairs over 0..n-1, fully expanded.
+  // phase_latency_s: fixed start cost of one phase; bandwidth_Bps: per-pair rate used for costing.
+  Scheduler(int n, std::vector<std::vector<std::pair<int, int>>> channels, double phase_latency_s,
+            double bandwidth_Bps);
+
+  // Optional: real directed links (bandwidth in bytes/s) and, for each pair p = s*n+d, the link
+  // indices on its path (empty for s == d).  Improves the cost model; never changes coverage.
+  void set_link_model(std::vector<double> link_bw, std::vector<std::vector<int>> pair_links);
+  void set_cost_model(const CostModel& model);
+
+  // demand: n*n row-major bytes (diagonal ignored, must be >= 0). Deterministic; covers demand
+  // exactly: for each (s,d), sum of bytes over all phases == demand[s*n+d]. No 0-byte Transfer.
+  std::vector<Phase> plan(const std::vector<int64_t>& demand) const;
+  std::vector<Phase> plan_info(const std::vector<int64_t>& demand, PlanInfo* info) const;
+
+  // Cost-model estimate (seconds) of an arbitrary plan, with the installed links and model.
+  double estimate(const std::vector<Phase>& phases) const;
+
+  int num_gpus() const { return n_; }
+  int num_channels() const { return static_cast<int>(chan_pairs_.size()); }
+
+ private:
+  void validate_demand(const std::vector<int64_t>& demand) const;
+  std::vector<double> pair_urgency(const std::vector<int64_t>& demand, double* bound_s) const;
+  std::vector<std::vector<int>> decompose(const std::vector<int64_t>& demand,
+                                          const std::vector<double>& weight, int64_t quantum, bool scale_by_rate,
+                                          std::vector<std::vector<int64_t>>* bytes) const;
+  double phase_cost(const Phase& phase) const;
+  std::vector<Phase> materialize(const std::vector<std::vector<int>>& chans,
+                                 const std::vector<std::vector<int64_t>>& bytes, int merge) const;
+
+  int n_;
+  double latency_s_;
+  double rate_Bps_;
+  std::vector<std::vector<int>> chan_pairs_;   // channel -> pair ids (s*n+d), sorted
+  std::vector<std::vector<int>> pair_chans_;   // pair id -> channels containing it
+  std::vector<double> link_bw_;                // directed link capacities
+  std::vector<std::vector<int>> pair_links_;   // pair id -> link indices
+  CostModel model_;
+};
+
+}  // namespace varipath
+}  // namespace hoccl
