@@ -319,14 +319,15 @@ class TopoEPMoE(nn.Module):
         es = e_a[o1]
         start = local_counts.cumsum(0) - local_counts
         r_a = torch.arange(n * k, device=dev) - start[es]
-        cum_g = plan.tokens[me].cumsum(1)  # [E, R]
+        sent = plan.sent_by(me)  # [E, R]
+        cum_g = sent.cumsum(1)
         dest = torch.searchsorted(cum_g[es], r_a[:, None], right=True)[:, 0]
         _, o2 = torch.sort(dest * E + es, stable=True)
         order = o1[o2]
         dest = dest[o2]
         rows = x.index_select(0, tok_a[order])
-        send_cnt = plan.tokens[me].sum(0)  # [R] rows to each peer
-        recv_cnt_se = plan.tokens[:, :, me]  # [R(src), E]
+        send_cnt = sent.sum(0)  # [R] rows to each peer
+        recv_cnt_se = plan.received_by(me)  # [R(src), E]
 
         if self.mode == "exact":
             nw = e_loc + S

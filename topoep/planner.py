@@ -19,8 +19,6 @@ one with the lowest resulting max GPU load wins, ties to the first):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 # Candidate plans, tried in one batch; the lowest max GPU load wins, ties to the earliest.
@@ -28,36 +26,61 @@ import torch
 # mode "cap": one piece per GPU per round, a receiver never exceeds T; "unc": the same but a
 # piece is split over its receivers even if that overshoots T; "cut": one cumulative cut of
 # all pieces over the GPUs, each GPU keeps its slots_per_gpu largest overlaps.
-_APPORTION = ((0, 1, True), (1, 1, True), (1, 1, False), (129, 128, True), (33, 32, True),
-              (9, 8, True))
-_CUT = ((1, 1, False), (129, 128, False), (33, 32, False), (9, 8, False),
+_APPORTION = ((0, 1, True), (1, 1, True), (1, 1, False), (129, 128, True), (33, 32, True))
+_CUT = ((1, 1, False), (129, 128, False), (33, 32, False),
         (1, 1, True), (129, 128, True), (33, 32, True))  # True: donors give whole experts
 # and the receivers that are home to a piece are ordered last (see _cut_slots)
 _BIG = 1 << 62
 
 
-@dataclass
 class TopoEPPlan:
     """A plan. All fields are tensors on the device of the input counts.
 
     slot_expert: LongTensor [R, S], expert held by each replica slot (-1 = empty).
     slot_tokens: LongTensor [R, S], tokens the slot processes (summed over sources).
     tokens:      LongTensor [R, E, R], tokens[r, e, g] from source rank r for expert e on GPU g.
+                 Built on first access from the compact form (``flow`` [R, C]: tokens of each
+                 source for each expert copy; ``copy_index`` [C] = e * R + g of each copy),
+                 so planning itself never writes the R*E*R dense tensor.
     expert_gpu:  LongTensor [E, R], tokens of expert e processed on GPU g (= tokens.sum(0)).
     load:        LongTensor [R], tokens processed per GPU after rerouting.
     home_load:   LongTensor [R], tokens per GPU without balancing.
     candidate:   LongTensor [] index of the winning candidate (diagnostic).
     """
 
-    slot_expert: torch.Tensor
-    slot_tokens: torch.Tensor
-    tokens: torch.Tensor
-    expert_gpu: torch.Tensor
-    load: torch.Tensor
-    home_load: torch.Tensor
-    candidate: torch.Tensor
-    hosts: int
-    gpus_per_host: int
+    def __init__(self, slot_expert, slot_tokens, expert_gpu, load, home_load, candidate,
+                 hosts: int, gpus_per_host: int, flow=None, copy_index=None, tokens=None):
+        self.slot_expert, self.slot_tokens = slot_expert, slot_tokens
+        self.expert_gpu, self.load, self.home_load = expert_gpu, load, home_load
+        self.candidate, self.hosts, self.gpus_per_host = candidate, hosts, gpus_per_host
+        self.flow, self.copy_index, self._tokens = flow, copy_index, tokens
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        if self._tokens is None:
+            r = self.flow.shape[0]
+            e = self.expert_gpu.shape[0]
+            t = torch.zeros((r, e * r), dtype=torch.long, device=self.flow.device)
+            t.scatter_add_(1, self.copy_index.expand(r, -1), self.flow)
+            self._tokens = t.view(r, e, r)
+        return self._tokens
+
+    def sent_by(self, r: int) -> torch.Tensor:
+        """tokens[r] ([E, R]) without building the dense tensor."""
+        if self._tokens is not None:
+            return self._tokens[r]
+        e, g = self.expert_gpu.shape
+        return torch.zeros(e * g, dtype=torch.long, device=self.flow.device).scatter_add_(
+            0, self.copy_index, self.flow[r]).view(e, g)
+
+    def received_by(self, g: int) -> torch.Tensor:
+        """tokens[:, :, g] ([R, E]) without building the dense tensor."""
+        if self._tokens is not None:
+            return self._tokens[:, :, g]
+        e, r = self.expert_gpu.shape
+        here = (self.copy_index % r == g).to(self.flow.dtype)
+        return torch.zeros((r, e), dtype=torch.long, device=self.flow.device).scatter_add_(
+            1, (self.copy_index // r).expand(r, -1), self.flow * here)
 
     def imbalance(self) -> torch.Tensor:
         """max GPU load / mean GPU load after rerouting (float tensor, 1.0 = perfect)."""
@@ -69,7 +92,13 @@ class TopoEPPlan:
 
     def cross_host_fraction(self) -> torch.Tensor:
         """Fraction of tokens whose source rank and processing GPU are on different hosts."""
-        return cross_host_fraction(self.tokens, self.hosts, self.gpus_per_host)
+        if self._tokens is not None:
+            return cross_host_fraction(self._tokens, self.hosts, self.gpus_per_host)
+        r = self.flow.shape[0]
+        host = torch.arange(r, device=self.flow.device) // self.gpus_per_host
+        cross = host[:, None] != (self.copy_index % r // self.gpus_per_host)[None, :]
+        moved = torch.where(cross, self.flow, 0).sum()
+        return moved.to(torch.float64) / self.flow.sum().to(torch.float64).clamp(min=1.0)
 
     def num_replicas(self) -> torch.Tensor:
         return (self.slot_expert >= 0).sum()
@@ -112,36 +141,35 @@ def _sort_desc(x: torch.Tensor):
     return torch.sort(x, dim=-1, descending=True, stable=True)
 
 
-def _group_before(values: torch.Tensor, group: torch.Tensor, ngroups: int) -> torch.Tensor:
+def _group_before(values: torch.Tensor, group: torch.Tensor, ngroups: int,
+                  key: torch.Tensor) -> torch.Tensor:
     """For items [B, P] in groups (LongTensor [P]), the sum of the values of the items of the
-    same group that precede each item in (value desc, index asc) order."""
+    same group that precede each item in (key desc, index asc) order (key: [P], shared)."""
     b, p = values.shape
-    _, o1 = _sort_desc(values)
-    g1 = group[o1]
-    _, o2 = torch.sort(g1, dim=-1, stable=True)
-    order = o1.gather(1, o2)
-    vals = values.gather(1, order)
+    _, o1 = _sort_desc(key)
+    _, o2 = torch.sort(group[o1], stable=True)
+    order = o1[o2]
+    vals = values.index_select(1, order)
     grp = group[order]
     excl = vals.cumsum(1) - vals
     base = torch.full((b, ngroups), _BIG, dtype=values.dtype, device=values.device)
-    base = base.scatter_reduce(1, grp, excl, reduce="amin", include_self=True)
-    before = excl - base.gather(1, grp)
-    return torch.empty_like(before).scatter_(1, order, before)
+    base = base.scatter_reduce(1, grp.expand(b, p), excl, reduce="amin", include_self=True)
+    before = excl - base.index_select(1, grp)
+    return torch.empty_like(before).index_copy_(1, order, before)
 
 
-def _cut(pieces: torch.Tensor, cap: torch.Tensor) -> torch.Tensor:
-    """Cumulative cut: pieces [B, P] (desc) against capacities [B, N] (desc) -> [B, P, N]."""
-    ps, po = _sort_desc(pieces)
+def _cut(pieces: torch.Tensor, cap: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """Cumulative cut: pieces [B, P] laid out in ``order`` ([P], shared) against capacities
+    [B, N] (desc) -> [B, P, N] amounts."""
+    ps = pieces.index_select(1, order)
     cs, co = _sort_desc(cap)
     ap = ps.cumsum(1)
     ar = cs.cumsum(1)
     lo = torch.maximum((ap - ps)[:, :, None], (ar - cs)[:, None, :])
     hi = torch.minimum(ap[:, :, None], ar[:, None, :])
     ov = (hi - lo).clamp(min=0)
-    inv_p = torch.argsort(po, dim=1)
-    inv_c = torch.argsort(co, dim=1)
-    ov = ov.gather(1, inv_p[:, :, None].expand_as(ov))
-    return ov.gather(2, inv_c[:, None, :].expand_as(ov))
+    out = torch.empty_like(ov).index_copy_(1, order, ov)
+    return torch.empty_like(out).scatter_(2, co[:, None, :].expand_as(out), out)
 
 
 def _apportion(ps: torch.Tensor, spare: torch.Tensor, capped: torch.Tensor):
@@ -309,10 +337,11 @@ class TopoEPPlanner:
             HL = L.view(H, G).sum(1)  # [H]
             HT = T * G  # [V]
             hx = (HL[None, :] - HT[:, None]).clamp(min=0)  # host excess [V, H]
-            before = _group_before(cv.contiguous(), home_host, H)
-            off1 = torch.minimum(cv, (hx.gather(1, home_host.expand(V, E)) - before).clamp(min=0))
+            before = _group_before(c[None, :], home_host, H, c)  # same for all candidates
+            off1 = torch.minimum(cv, (hx.index_select(1, home_host) - before).clamp(min=0))
             hspare = (HT[:, None] - HL[None, :]).clamp(min=0)
-            inc = _cut(off1, hspare)  # [V, E, H]
+            _, by_load = _sort_desc(c)
+            inc = _cut(off1, hspare, by_load)  # [V, E, H]
             rem = cv - off1
         else:
             inc = torch.zeros((V, E, 1), dtype=torch.long, device=dev)
@@ -321,7 +350,7 @@ class TopoEPPlanner:
         L1 = torch.zeros((V, R), dtype=torch.long, device=dev).scatter_add(
             1, home.expand(V, E), rem)
         gx = (L1 - T[:, None]).clamp(min=0)
-        before = _group_before(rem.contiguous(), home, R)
+        before = _group_before(rem, home, R, c)
         need = gx.gather(1, home.expand(V, E)) - before
         off2 = torch.where(whole[:, None], torch.where(need > 0, rem, 0),
                            torch.minimum(rem, need.clamp(min=0)))
@@ -330,9 +359,13 @@ class TopoEPPlanner:
         pieces.scatter_(1, home_host.expand(V, E)[:, None, :], off2[:, None, :])
         pieces = pieces + inc.transpose(1, 2)  # [V, H, E]
         # one fixed piece order per candidate (total piece size desc, then expert id)
-        _, porder = _sort_desc(pieces.sum(1))  # [V, E]
-        pieces = pieces.gather(2, porder[:, None, :].expand(V, H, E)).reshape(V * H, E)
-        porder_b = porder.repeat_interleave(H, dim=0)  # [V*H, E]
+        # keep each host's K largest pieces (desc, ties to the lower expert id): a host has
+        # G * S slots, plus its G home GPUs where a whole-expert piece may return
+        K = min(E, G * (S + 1))
+        pkey = pieces * E + (E - 1 - torch.arange(E, device=dev))
+        kv, _ = torch.topk(pkey.reshape(V * H, E), K, dim=1)  # keys are unique
+        porder_b = E - 1 - kv % E  # [V*H, K] expert of each piece position
+        pieces = kv // E
         spare = (T[:, None] - L1).clamp(min=0).reshape(V * H, G)
         va = len(_APPORTION) * H
         cap_b = capped.repeat_interleave(H)
@@ -368,12 +401,12 @@ class TopoEPPlanner:
             left = pieces.gather(1, p_k.clamp(min=0))  # piece remainder seen by each slot
             sp = torch.where(has, spare, 0)
             # cut each piece's remainder over its holders in GPU order
-            key = torch.where(has, p_k, E)
+            key = torch.where(has, p_k, K)
             _, o = torch.sort(key, dim=1, stable=True)
             sp_o = sp.gather(1, o)
             key_o = key.gather(1, o)
             cs = sp_o.cumsum(1)
-            tot = torch.zeros((V * H, E + 1), dtype=torch.long, device=dev).scatter_add(
+            tot = torch.zeros((V * H, K + 1), dtype=torch.long, device=dev).scatter_add(
                 1, key_o, sp_o)
             start = (tot.cumsum(1) - tot).gather(1, key_o)
             incl = cs - start
@@ -397,8 +430,9 @@ class TopoEPPlanner:
         slot_tokens = slot_tokens.index_select(0, best)[0]
         load = load.index_select(0, best)[0]
         moved = moved.index_select(0, best)[0]
-        tokens, q = _split_tokens(counts, c - moved, home, slot_expert, slot_tokens, H, G)
-        return TopoEPPlan(slot_expert=slot_expert, slot_tokens=slot_tokens, tokens=tokens,
+        flow, flat, q = _split_tokens(counts, c - moved, home, slot_expert, slot_tokens, H, G)
+        return TopoEPPlan(slot_expert=slot_expert, slot_tokens=slot_tokens, flow=flow,
+                          copy_index=flat,
                           expert_gpu=q, load=load, home_load=L, candidate=best[0],
                           hosts=H, gpus_per_host=G)
 
@@ -420,38 +454,38 @@ def _split_tokens(counts, home_amt, home, slot_expert, slot_tokens, H: int, G: i
     key = (exp * H + ghost) * R + gpu
     _, order = torch.sort(key, stable=True)
     gpu, exp, amt, ghost = (t.index_select(0, order) for t in (gpu, exp, amt, ghost))
-    cnt = torch.cat([counts, torch.zeros((R, 1), dtype=counts.dtype, device=dev)], 1)  # [R, E+1]
+    # work in [copy, source rank] layout (row gathers are fast); expert E = empty slot
+    cnt = torch.cat([counts.t(), torch.zeros((1, R), dtype=counts.dtype, device=dev)])  # [E+1, R]
     src_host = torch.arange(R, device=dev) // G
     # -- pass 1: inside each host. Supply of source r (host h) for expert e, cumulated in host.
-    sup_h = cnt.reshape(H, G, E + 1)
-    a_in = sup_h.cumsum(1).reshape(R, E + 1)  # inclusive, per host
+    a_in = cnt.view(E + 1, H, G).cumsum(2).view(E + 1, R)  # inclusive, per host
     a_in_prev = a_in - cnt
-    sup_tot = sup_h.sum(1)  # [H, E+1]
+    sup_tot = a_in.view(E + 1, H, G)[:, :, G - 1]  # [E+1, H]
     # copy amounts cumulated inside their (expert, host) group
     eh = exp * H + ghost  # group id, sorted ascending
     dem_eh = torch.zeros((E + 1) * H, dtype=amt.dtype, device=dev).scatter_add(0, eh, amt)
     grp_start = dem_eh.cumsum(0) - dem_eh
     b_in = amt.cumsum(0) - grp_start.index_select(0, eh)  # inclusive within group
-    lim = torch.minimum(sup_tot.t().reshape(-1), dem_eh).index_select(0, eh)  # [C]
-    same = src_host[:, None] == ghost[None, :]  # [R, C]
-    hi = torch.minimum(torch.minimum(a_in.index_select(1, exp), b_in[None, :]), lim[None, :])
-    lo = torch.maximum(a_in_prev.index_select(1, exp), (b_in - amt)[None, :])
-    f1 = torch.where(same, (hi - lo).clamp(min=0), 0)  # [R, C]
-    # -- pass 2: the remainder, across hosts
-    cnt2 = cnt - torch.zeros_like(cnt).scatter_add(1, exp.expand(R, -1), f1)
-    amt2 = amt - f1.sum(0)
-    a2 = cnt2.cumsum(0)
-    dem_e = torch.zeros(E + 1, dtype=amt.dtype, device=dev).scatter_add(0, exp, amt2)
-    b2 = amt2.cumsum(0) - (dem_e.cumsum(0) - dem_e).index_select(0, exp)
-    hi2 = torch.minimum(a2.index_select(1, exp), b2[None, :])
-    lo2 = torch.maximum((a2 - cnt2).index_select(1, exp), (b2 - amt2)[None, :])
-    flow = f1 + (hi2 - lo2).clamp(min=0)  # [R, C]
+    lim = torch.minimum(sup_tot.reshape(-1), dem_eh).index_select(0, eh)  # [C]
+    hi = torch.minimum(torch.minimum(a_in.index_select(0, exp), b_in[:, None]), lim[:, None])
+    lo = torch.maximum(a_in_prev.index_select(0, exp), (b_in - amt)[:, None])
+    flow = (hi - lo).clamp(min=0)  # [C, R]
+    if H > 1:
+        flow = flow * (ghost[:, None] == src_host[None, :])
+        # -- pass 2: the remainder, across hosts (north-west corner per expert)
+        cnt2 = cnt - torch.zeros_like(cnt).index_add_(0, exp, flow)
+        amt2 = amt - flow.sum(1)
+        a2 = cnt2.cumsum(1)
+        dem_e = torch.zeros(E + 1, dtype=amt.dtype, device=dev).scatter_add(0, exp, amt2)
+        b2 = amt2.cumsum(0) - (dem_e.cumsum(0) - dem_e).index_select(0, exp)
+        hi2 = torch.minimum(a2.index_select(0, exp), b2[:, None])
+        lo2 = torch.maximum((a2 - cnt2).index_select(0, exp), (b2 - amt2)[:, None])
+        flow = flow + (hi2 - lo2).clamp(min=0)
+    flow = flow.t()  # [R, C] (a view)
     # empty slots carry no tokens: fold their (zero) flow onto a real index
     flat = exp.clamp(max=E - 1) * R + gpu
-    tokens = torch.zeros((R, E * R), dtype=torch.long, device=dev)
-    tokens.scatter_add_(1, flat.expand(R, -1), flow)
     q = torch.zeros(E * R, dtype=torch.long, device=dev).scatter_add(0, flat, amt)
-    return tokens.view(R, E, R), q.view(E, R)
+    return flow, flat, q.view(E, R)
 
 
 def plan(counts: torch.Tensor, hosts: int, gpus_per_host: int, slots_per_gpu: int,
