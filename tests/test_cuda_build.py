@@ -1,0 +1,154 @@
+"""CPU-only checks of the cuda-ce pieces; they run on every machine.
+
+The CUDA code must be compiled into the extension whenever cuda.h existed at build time, and the
+run-time driver loader must fail with a message naming what is missing (the library, or the
+entry points) instead of crashing or importing libcuda at load time.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _cuda_header_present() -> bool:
+    roots = [os.environ.get("CUDA_HOME"), "/usr/local/cuda", "/usr"]
+    return any(r and os.path.exists(os.path.join(r, "include", "cuda.h")) for r in roots)
+
+
+def _libcuda_installed() -> bool:
+    try:
+        out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "libcuda.so.1" in out
+
+
+def _run(code: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    """Runs `code` in a fresh interpreter: the driver table is loaded once per process."""
+    env = dict(os.environ)
+    env.pop("HOCCL_LIBCUDA", None)
+    env.update(env_extra or {})
+    prelude = "import torch\nfrom hoccl_backend import cuda_ext\nm = cuda_ext.cuda_module()\n"
+    return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=120, env=env, cwd=ROOT)
+
+
+def test_cuda_code_compiled_in():
+    if not _cuda_header_present():
+        pytest.skip("cuda.h is not installed here, so the CUDA pieces are (correctly) not compiled in")
+    import torch  # noqa: F401
+    from hoccl_backend import _C, cuda_ext
+
+    assert _C.built_with_cuda is True
+    m = cuda_ext.cuda_module()
+    for name in ("cuda_driver_status", "cuda_driver_error", "ce_choose_path", "reduce_kernel_info",
+                 "_ce_reduce", "_CeGroup"):
+        assert hasattr(m, name), name
+
+
+def test_driver_loader_names_libcuda_when_absent():
+    if _libcuda_installed():
+        pytest.skip("libcuda.so.1 is installed on this machine")
+    r = _run("""
+        assert 'libcuda.so.1' in m.cuda_driver_error()
+        try:
+            m.cuda_driver_status()
+        except RuntimeError as e:
+            print('RAISED', e)
+    """)
+    assert r.returncode == 0, r.stderr
+    assert "RAISED" in r.stdout and "libcuda.so.1" in r.stdout, r.stdout
+    assert "cannot load the CUDA driver library" in r.stdout
+
+
+def test_driver_loader_names_a_bad_path():
+    r = _run("print(m.cuda_driver_error())", {"HOCCL_LIBCUDA": "/nonexistent/libcuda-test.so"})
+    assert r.returncode == 0, r.stderr
+    assert "/nonexistent/libcuda-test.so" in r.stdout
+
+
+def test_driver_loader_names_missing_entry_points(tmp_path):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build a fake driver library")
+    src = tmp_path / "fake_cuda.c"
+    src.write_text("int cuDriverGetVersion(int* v) { *v = 13000; return 0; }\n"
+                   "int cuInit(unsigned f) { return 0; }\n")
+    lib = tmp_path / "libcuda_fake.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src)], check=True, timeout=60)
+    r = _run("print(m.cuda_driver_error())", {"HOCCL_LIBCUDA": str(lib)})
+    assert r.returncode == 0, r.stderr
+    msg = r.stdout
+    assert "lacks required entry point(s)" in msg and str(lib) in msg, msg
+    for name in ("cuStreamWaitValue32", "cuIpcOpenMemHandle", "cuLaunchKernel"):
+        assert name in msg, msg
+    assert "cuInit" not in msg.split("entry point(s):")[1]
+
+
+def test_driver_too_old_is_reported(tmp_path):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build a fake driver library")
+    src = tmp_path / "old_cuda.c"
+    src.write_text("int cuDriverGetVersion(int* v) { *v = 11080; return 0; }\n")
+    lib = tmp_path / "libcuda_old.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src)], check=True, timeout=60)
+    r = _run("print(m.cuda_driver_error())", {"HOCCL_LIBCUDA": str(lib)})
+    assert "11080" in r.stdout and "older than" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("mode,same,peer,ver,expected", [
+    ("auto", False, True, 13000, "p2p"),    # two GPUs with peer access: one copy-engine D2D
+    ("auto", False, False, 13000, "host"),  # no peer access: stage through pinned host memory
+    ("auto", True, False, 13000, "host"),   # one GPU, CUDA 13.0: D2D would run on SMs
+    ("auto", True, False, 13010, "p2p"),    # CUDA 13.1 puts same-device D2D on a copy engine
+    ("", True, False, 13000, "host"),
+    ("p2p", True, False, 12080, "p2p"),
+    ("host", False, True, 13010, "host"),
+])
+def test_path_choice(mode, same, peer, ver, expected):
+    import torch  # noqa: F401
+    from hoccl_backend import cuda_ext
+
+    assert cuda_ext.cuda_module().ce_choose_path(mode, same, peer, ver) == expected
+
+
+def test_path_mode_is_validated():
+    import torch  # noqa: F401
+    from hoccl_backend import cuda_ext
+
+    with pytest.raises(ValueError, match="HOCCL_CE_PATH"):
+        cuda_ext.cuda_module().ce_choose_path("nvlink", False, True, 13000)
+
+
+def test_reduce_settings_from_env():
+    r = _run("print(m.reduce_kernel_info())", {"HOCCL_REDUCE_CTAS": "7", "HOCCL_REDUCE_ON": "host"})
+    assert r.returncode == 0, r.stderr
+    assert "'max_ctas': 7" in r.stdout and "'reduce_on': 'host'" in r.stdout
+    bad = _run("m.reduce_kernel_info()", {"HOCCL_REDUCE_CTAS": "0"})
+    assert bad.returncode != 0 and "HOCCL_REDUCE_CTAS" in bad.stderr
+
+
+def test_reduce_on_gpu_needs_the_kernel():
+    r = _run("""
+        import os
+        os.environ['HOCCL_REDUCE_ON'] = 'host'
+        avail = m.reduce_kernel_info()['available']
+        os.environ['HOCCL_REDUCE_ON'] = 'gpu'
+        try:
+            print('AVAILABLE', avail, m.reduce_kernel_info()['reduce_on'])
+        except RuntimeError as e:
+            print('AVAILABLE', avail, 'RAISED', e)
+    """)
+    assert r.returncode == 0, r.stderr
+    if "AVAILABLE True" in r.stdout:
+        assert "gpu" in r.stdout
+    else:
+        assert "RAISED" in r.stdout and "HOCCL_REDUCE_ON=host" in r.stdout, r.stdout
