@@ -34,6 +34,17 @@ bool groupAllP2P(const c10::intrusive_ptr<c10d::Store>& store, const std::string
   return store->add(prefix + "/host_votes", 0) == 0;
 }
 
+// Graph capture would freeze this call's sequence numbers into the graph's memop nodes; on
+// replay the GEQ waits would already be satisfied and ranks would race. Refuse clearly.
+void refuseCapture(CUstream stream, const char* op) {
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  cu::check(cu::driver().cuStreamIsCapturing(stream, &status), "cuStreamIsCapturing");
+  if (status != CU_STREAM_CAPTURE_STATUS_NONE)
+    throw std::runtime_error(std::string("hoccl ") + op +
+                             ": CUDA graph capture is not supported by the cuda-ce transport yet (its "
+                             "cross-rank flags carry per-call sequence numbers that a replayed graph would reuse)");
+}
+
 }  // namespace
 
 CeGroup::CeGroup(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix, int rank, int world,
@@ -84,6 +95,7 @@ std::string CeGroup::describePaths() const {
 void CeGroup::allGather(CUstream stream, CUdeviceptr out, CUdeviceptr in, size_t bytes) {
   if (bytes == 0) return;
   cu::ContextGuard guard(device_);
+  refuseCapture(stream, "all_gather");
   auto p2p = peersOn(CePath::P2P);
   if (world_ > 1 && p2p.size() == static_cast<size_t>(world_ - 1)) return gatherP2P(stream, out, in, bytes, p2p);
   gatherHostChunked(stream, out, in, bytes, everyone());
@@ -134,6 +146,7 @@ void CeGroup::allReduce(CUstream stream, CUdeviceptr buf, int64_t count, c10::Sc
   std::string why = checkReducible(dtype, op);
   if (!why.empty()) throw std::invalid_argument("hoccl all_reduce: " + why);
   cu::ContextGuard guard(device_);
+  refuseCapture(stream, "all_reduce");
   const auto& api = cu::driver();
   const size_t elem = hoccl::elementSize(dtype);
   const int64_t chunkElems = static_cast<int64_t>(staging_->slotBytes() / elem);
