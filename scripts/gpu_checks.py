@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""GPU-machine checks of the cuda-ce transport, run by scripts/gpu_check.sh.
+
+    python scripts/gpu_checks.py profile   [--world 2]   # zero-SM proof with torch.profiler
+    python scripts/gpu_checks.py bandwidth [--world 2]   # copy-engine path vs raw cudaMemcpyAsync
+
+Collectives go through torch.distributed (backend "hoccl") when the core accepts CUDA tensors,
+else through the cuda-ce reference collectives (_C _CeGroup: all_gather, all_reduce), and the
+output says which. Exit status 0 only if every check passed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+
+UNROUTED = "moves CPU tensors only"
+ZERO_SM_OPS = ("all_gather", "all_to_all", "broadcast")
+
+
+def _ops(rank, world, dev, nbytes):
+    """name -> zero-argument callable running one collective on CUDA tensors, and the route used."""
+    import torch
+    import torch.distributed as dist
+
+    n = max(1, nbytes // 4)
+    inp = torch.ones(n, device=dev)
+    out = torch.empty(world * n, device=dev)
+    a2a_in = torch.ones(world * n, device=dev)
+    red = torch.ones(n, device=dev)
+    try:
+        dist.all_gather_into_tensor(out, inp)
+        torch.cuda.synchronize()
+        return {
+            "all_gather": lambda: dist.all_gather_into_tensor(out, inp),
+            "all_to_all": lambda: dist.all_to_all_single(out, a2a_in),
+            "broadcast": lambda: dist.broadcast(inp, src=0),
+            "all_reduce": lambda: dist.all_reduce(red),
+        }, "torch.distributed hoccl", (out, inp)
+    except RuntimeError as e:
+        if UNROUTED not in str(e):
+            raise
+    from hoccl_backend import cuda_ext
+
+    g = cuda_ext.cuda_module()._CeGroup(dist.distributed_c10d._get_default_store(), "gpu_checks", rank, world,
+                                        dev.index, 0)
+    s = lambda: torch.cuda.current_stream().cuda_stream  # noqa: E731
+    return {
+        "all_gather": lambda: g.all_gather(out, inp, s()),
+        "all_reduce": lambda: g.all_reduce(red, "sum", 1.0, s()),
+    }, "cuda-ce reference _CeGroup (core not routing CUDA yet) paths " + g.paths(), (out, inp)
+
+
+def _kernels_in(prof):
+    """(name, grid) of every GPU kernel in a profile, from its Chrome trace."""
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        path = f.name
+    prof.export_chrome_trace(path)
+    with open(path) as f:
+        trace = json.load(f)
+    os.unlink(path)
+    kernels, copies = [], []
+    for ev in trace.get("traceEvents", []):
+        cat = str(ev.get("cat", "")).lower()
+        if cat == "kernel":
+            kernels.append((ev.get("name"), ev.get("args", {}).get("grid")))
+        elif cat == "gpu_memcpy":
+            copies.append(ev.get("name"))
+    return kernels, copies
+
+
+def _rank_profile(rank, world):
+    import torch
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+
+    from hoccl_backend import cuda_ext
+
+    dev = torch.device("cuda", rank % torch.cuda.device_count())
+    torch.cuda.set_device(dev)
+    ops, route, _ = _ops(rank, world, dev, 8 << 20)
+    max_ctas = int(os.environ.get("HOCCL_REDUCE_CTAS", "4"))
+    lines = [f"rank {rank}: route: {route}; reduce: {cuda_ext.cuda_module().reduce_kernel_info()}"]
+    ok = True
+    for name, fn in ops.items():
+        fn()  # warm-up: registration, module load
+        torch.cuda.synchronize()
+        dist.barrier()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                fn()
+            torch.cuda.synchronize()
+        kernels, copies = _kernels_in(prof)
+        if name in ZERO_SM_OPS:
+            good = not kernels
+            why = "no kernel" if good else f"kernels launched: {sorted(set(k for k, _ in kernels))}"
+        else:
+            bad = [(k, g) for k, g in kernels
+                   if not str(k).startswith("hoccl_reduce_") or (g and int(g[0]) > max_ctas)]
+            good = not bad
+            why = (f"only hoccl_reduce_* with grid <= {max_ctas}: {sorted(set((k, str(g)) for k, g in kernels))}"
+                   if good else f"unexpected kernels: {bad}")
+        same_dev_d2d = [c for c in set(copies) if "DtoD" in str(c)]
+        note = f"; memcpys {sorted(set(map(str, copies)))}"
+        if same_dev_d2d:
+            note += " (DtoD on one device runs on SMs on CUDA < 13.1)"
+        lines.append(f"rank {rank}: {'PASS' if good else 'FAIL'} {name}: {why}{note}")
+        ok = ok and good
+    return ok, lines
+
+
+def _rank_bandwidth(rank, world, mbytes):
+    import torch
+    import torch.distributed as dist
+
+    dev = torch.device("cuda", rank % torch.cuda.device_count())
+    torch.cuda.set_device(dev)
+    nbytes = int(mbytes * (1 << 20))
+    ops, route, (out, inp) = _ops(rank, world, dev, nbytes)
+    path = os.environ.get("HOCCL_CE_PATH", "auto")
+    iters = 5
+
+    def timed(fn):
+        fn()
+        torch.cuda.synchronize()
+        dist.barrier()  # CPU barrier: ranks start together (they share the GPU)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(iters):
+            fn()
+        b.record()
+        torch.cuda.synchronize()
+        return a.elapsed_time(b) / 1e3 / iters
+
+    blocks = out.view(world, -1)
+    if path == "host":
+        pinned = torch.empty(inp.numel(), dtype=inp.dtype, pin_memory=True)
+
+        def raw():  # the copies the host path makes: one D2H, world H2D (cudaMemcpyAsync)
+            pinned.copy_(inp, non_blocking=True)
+            for r in range(world):
+                blocks[r].copy_(pinned, non_blocking=True)
+    else:
+        def raw():  # the copies the p2p path makes: world D2D of one block
+            for r in range(world):
+                blocks[r].copy_(inp, non_blocking=True)
+
+    t_hoccl = timed(ops["all_gather"])
+    t_raw = timed(raw)
+    ratio = t_raw / t_hoccl
+    gbps = world * nbytes / t_hoccl / 1e9
+    good = ratio >= 0.9
+    return good, [f"rank {rank}: {'PASS' if good else 'FAIL'} all_gather path={path} {mbytes:g} MiB/rank: "
+                  f"hoccl {t_hoccl * 1e3:.2f} ms ({gbps:.1f} GB/s into out), raw cudaMemcpyAsync "
+                  f"{t_raw * 1e3:.2f} ms, ratio {ratio:.2f} (floor 0.90); route {route}"]
+
+
+def main(argv=None) -> int:
+    import torch
+
+    from dist_utils import run_ranks
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("check", choices=["profile", "bandwidth"])
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--mbytes", type=float, default=256.0)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("SKIP: no CUDA device", file=sys.stderr)
+        return 2
+    if args.check == "profile":
+        res = run_ranks(_rank_profile, args.world, timeout=240)
+    else:
+        res = run_ranks(_rank_bandwidth, args.world, args.mbytes, timeout=240)
+    for _, lines in res:
+        print("\n".join(lines))
+    return 0 if all(ok for ok, _ in res) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
