@@ -10,8 +10,8 @@
 // Weak: without it both resolve to null and the kernel is reported unavailable, so the core
 // still links with the current setup.py.
 extern "C" {
-__attribute__((weak)) extern const unsigned char hoccl_reduce_fatbin[];
-__attribute__((weak)) extern const unsigned long long hoccl_reduce_fatbin_size;
+__attribute__((weak, visibility("hidden"))) extern const unsigned char hoccl_reduce_fatbin[];
+__attribute__((weak, visibility("hidden"))) extern const unsigned long long hoccl_reduce_fatbin_size;
 }
 
 namespace hoccl {
