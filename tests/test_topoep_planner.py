@@ -225,3 +225,31 @@ def test_never_worse_than_eplb_or_none_random():
                                                                     got, base.gpu_load.max())
                 n += 1
     assert n == 60
+
+
+def plan_digest_job(rank, world, cases):
+    """Each rank plans the same inputs in its own process; returns the raw plan bytes."""
+    import hashlib
+    import topoep as tp
+    from topoep.workloads import hot as hot_w, zipf as zipf_w
+    torch.set_num_threads(1 + rank % 2)  # different thread counts must not matter
+    out = []
+    for hosts, gpus, e, slots, kind, seed in cases:
+        r = hosts * gpus
+        counts = zipf_w(r, e, 1.2, 4096, seed) if kind == "zipf" else hot_w(r, e, 0.8, 4, 4096,
+                                                                              seed)
+        p = tp.plan(counts, hosts, gpus, slots)
+        h = hashlib.sha256()
+        for t in (p.slot_expert, p.slot_tokens, p.tokens, p.load):
+            h.update(t.contiguous().numpy().tobytes())
+        out.append(h.hexdigest())
+    return out
+
+
+def test_bitwise_identical_across_ranks():
+    from dist_utils import run_ranks
+    cases = [(1, 8, 64, 2, "zipf", 1), (2, 4, 64, 1, "hot", 2), (8, 8, 256, 2, "zipf", 3),
+             (2, 8, 128, 3, "hot", 4), (4, 2, 32, 2, "zipf", 5)]
+    digests = run_ranks(plan_digest_job, 4, cases, backend=None, timeout=120)
+    assert all(d == digests[0] for d in digests[1:])
+    assert len(set(digests[0])) == len(cases)

@@ -61,7 +61,7 @@ class TopoEPPlan:
             r = self.flow.shape[0]
             e = self.expert_gpu.shape[0]
             t = torch.zeros((r, e * r), dtype=torch.long, device=self.flow.device)
-            t.scatter_add_(1, self.copy_index.expand(r, -1), self.flow)
+            t.scatter_add_(1, self.copy_index.expand(r, -1), self.flow.long())
             self._tokens = t.view(r, e, r)
         return self._tokens
 
@@ -71,7 +71,7 @@ class TopoEPPlan:
             return self._tokens[r]
         e, g = self.expert_gpu.shape
         return torch.zeros(e * g, dtype=torch.long, device=self.flow.device).scatter_add_(
-            0, self.copy_index, self.flow[r]).view(e, g)
+            0, self.copy_index, self.flow[r].long()).view(e, g)
 
     def received_by(self, g: int) -> torch.Tensor:
         """tokens[:, :, g] ([R, E]) without building the dense tensor."""
@@ -80,7 +80,7 @@ class TopoEPPlan:
         e, r = self.expert_gpu.shape
         here = (self.copy_index % r == g).to(self.flow.dtype)
         return torch.zeros((r, e), dtype=torch.long, device=self.flow.device).scatter_add_(
-            1, (self.copy_index // r).expand(r, -1), self.flow * here)
+            1, (self.copy_index // r).expand(r, -1), self.flow.long() * here)
 
     def imbalance(self) -> torch.Tensor:
         """max GPU load / mean GPU load after rerouting (float tensor, 1.0 = perfect)."""
@@ -97,7 +97,7 @@ class TopoEPPlan:
         r = self.flow.shape[0]
         host = torch.arange(r, device=self.flow.device) // self.gpus_per_host
         cross = host[:, None] != (self.copy_index % r // self.gpus_per_host)[None, :]
-        moved = torch.where(cross, self.flow, 0).sum()
+        moved = (self.flow.long() * cross).sum()
         return moved.to(torch.float64) / self.flow.sum().to(torch.float64).clamp(min=1.0)
 
     def num_replicas(self) -> torch.Tensor:
@@ -448,24 +448,26 @@ def _split_tokens(counts, home_amt, home, slot_expert, slot_tokens, H: int, G: i
     dev = counts.device
     gpu = torch.cat([home, torch.arange(R, device=dev).repeat_interleave(S)])  # [C]
     exp = torch.cat([torch.arange(E, device=dev), slot_expert.reshape(-1) % (E + 1)])
-    amt = torch.cat([home_amt, slot_tokens.reshape(-1)])
+    # int32 inside (token counts per layer < 2**31): half the memory traffic
+    amt = torch.cat([home_amt, slot_tokens.reshape(-1)]).to(torch.int32)
     ghost = gpu // G
     # order copies by (expert, host, gpu); empty slots (expert E) go last
     key = (exp * H + ghost) * R + gpu
     _, order = torch.sort(key, stable=True)
     gpu, exp, amt, ghost = (t.index_select(0, order) for t in (gpu, exp, amt, ghost))
     # work in [copy, source rank] layout (row gathers are fast); expert E = empty slot
-    cnt = torch.cat([counts.t(), torch.zeros((1, R), dtype=counts.dtype, device=dev)])  # [E+1, R]
+    cnt = torch.cat([counts.t().to(torch.int32),
+                     torch.zeros((1, R), dtype=torch.int32, device=dev)])  # [E+1, R]
     src_host = torch.arange(R, device=dev) // G
     # -- pass 1: inside each host. Supply of source r (host h) for expert e, cumulated in host.
-    a_in = cnt.view(E + 1, H, G).cumsum(2).view(E + 1, R)  # inclusive, per host
+    a_in = cnt.view(E + 1, H, G).cumsum(2, dtype=torch.int32).view(E + 1, R)  # inclusive, per host
     a_in_prev = a_in - cnt
     sup_tot = a_in.view(E + 1, H, G)[:, :, G - 1]  # [E+1, H]
     # copy amounts cumulated inside their (expert, host) group
     eh = exp * H + ghost  # group id, sorted ascending
     dem_eh = torch.zeros((E + 1) * H, dtype=amt.dtype, device=dev).scatter_add(0, eh, amt)
-    grp_start = dem_eh.cumsum(0) - dem_eh
-    b_in = amt.cumsum(0) - grp_start.index_select(0, eh)  # inclusive within group
+    grp_start = dem_eh.cumsum(0, dtype=torch.int32) - dem_eh
+    b_in = amt.cumsum(0, dtype=torch.int32) - grp_start.index_select(0, eh)  # inclusive within group
     lim = torch.minimum(sup_tot.reshape(-1), dem_eh).index_select(0, eh)  # [C]
     hi = torch.minimum(torch.minimum(a_in.index_select(0, exp), b_in[:, None]), lim[:, None])
     lo = torch.maximum(a_in_prev.index_select(0, exp), (b_in - amt)[:, None])
@@ -474,17 +476,17 @@ def _split_tokens(counts, home_amt, home, slot_expert, slot_tokens, H: int, G: i
         flow = flow * (ghost[:, None] == src_host[None, :])
         # -- pass 2: the remainder, across hosts (north-west corner per expert)
         cnt2 = cnt - torch.zeros_like(cnt).index_add_(0, exp, flow)
-        amt2 = amt - flow.sum(1)
-        a2 = cnt2.cumsum(1)
+        amt2 = amt - flow.sum(1, dtype=torch.int32)
+        a2 = cnt2.cumsum(1, dtype=torch.int32)
         dem_e = torch.zeros(E + 1, dtype=amt.dtype, device=dev).scatter_add(0, exp, amt2)
-        b2 = amt2.cumsum(0) - (dem_e.cumsum(0) - dem_e).index_select(0, exp)
+        b2 = amt2.cumsum(0, dtype=torch.int32) - (dem_e.cumsum(0, dtype=torch.int32) - dem_e).index_select(0, exp)
         hi2 = torch.minimum(a2.index_select(0, exp), b2[:, None])
         lo2 = torch.maximum((a2 - cnt2).index_select(0, exp), (b2 - amt2)[:, None])
         flow = flow + (hi2 - lo2).clamp(min=0)
     flow = flow.t()  # [R, C] (a view)
     # empty slots carry no tokens: fold their (zero) flow onto a real index
     flat = exp.clamp(max=E - 1) * R + gpu
-    q = torch.zeros(E * R, dtype=torch.long, device=dev).scatter_add(0, flat, amt)
+    q = torch.zeros(E * R, dtype=torch.long, device=dev).scatter_add(0, flat, amt.long())
     return flow, flat, q.view(E, R)
 
 
