@@ -15,6 +15,11 @@
 //                    (sources in rank order, result into the tensor), signal DONE;
 //               host: CPU waits READY, reduces from the shared slots, H2D result, signal DONE.
 // No kernel runs in all_gather; all_reduce launches only the reduction kernel (gpu mode).
+//
+// Threading/streams: a CeGroup is not thread-safe and must be driven from one stream per group
+// (the comm stream): host-mode DONE flags are written by the CPU after synchronising that
+// stream, and an older stream-ordered write on another stream could move a flag backwards.
+// CUDA graph capture is refused (see docs/cuda.md).
 #pragma once
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
