@@ -75,7 +75,13 @@ def moe_job(rank, world, cfgs):
             w = topoep.TopoEPMoE(local_moe, **kw)
             call = w
         xl = x[sl].clone().requires_grad_(True)
-        out = call(xl)
+        if cfg["mode"] == "padded":  # padded mode: no host sync anywhere in the forward
+            from test_topoep_planner import NoHostSync
+            with NoHostSync() as mode:
+                out = call(xl)
+            assert "alltoall_base_" in " ".join(mode.ops) or any("all" in o for o in mode.ops)
+        else:
+            out = call(xl)
         (out * gout[sl]).sum().backward()
         plan = w.last_plan
         res = {"cfg": cfg, "overflow": int(w.last_stats["overflow"])}
@@ -100,7 +106,19 @@ def moe_job(rank, world, cfgs):
                 for i, e in enumerate(w.owned)]
         res["expert_err"] = max(errs)
         results.append(res)
-    return results
+    # bad configurations fail at construction with clear messages
+    from topoep.moe import SimpleMoE
+    errors = []
+    for kwargs, moe in ((dict(budget_bytes=8), SimpleMoE(D, F_, 2 * world, 2)),
+                        (dict(slots_per_gpu=0), SimpleMoE(D, F_, 2 * world, 2)),
+                        (dict(), SimpleMoE(D, F_, 2 * world + 1, 2)),
+                        (dict(mode="fast"), SimpleMoE(D, F_, 2 * world, 2))):
+        try:
+            topoep.TopoEPMoE(moe, **kwargs)
+            errors.append(None)
+        except (ValueError, TypeError) as exc:
+            errors.append(str(exc))
+    return results, errors
 
 
 def _cfgs(world):
@@ -123,7 +141,13 @@ def _cfgs(world):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("world", [2, 4])
 def test_moe_matches_reference(world, backend):
-    results = run_ranks(moe_job, world, _cfgs(world), backend=backend, timeout=170)
+    out = run_ranks(moe_job, world, _cfgs(world), backend=backend, timeout=170)
+    results = [r for r, _ in out]
+    for _, errors in out:
+        assert "budget too small" in errors[0] and "cannot hold one expert" in errors[0]
+        assert "budget too small" in errors[1]
+        assert "not divisible" in errors[2]
+        assert "mode must be" in errors[3]
     for rank, per_rank in enumerate(results):
         for res in per_rank:
             cfg = res["cfg"]

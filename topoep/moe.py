@@ -314,7 +314,7 @@ class TopoEPMoE(nn.Module):
                 widx = torch.where(hit, e_loc + s, widx)
 
         # ---- order my (token, k) assignments by (destination, expert, rank within expert)
-        tok_a = torch.arange(n, device=dev).repeat_interleave(k)
+        tok_a = torch.arange(n * k, device=dev) // k  # token of each assignment
         _, o1 = torch.sort(e_a, stable=True)
         es = e_a[o1]
         start = local_counts.cumsum(0) - local_counts

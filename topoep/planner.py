@@ -189,7 +189,7 @@ def _apportion(ps: torch.Tensor, spare: torch.Tensor, capped: torch.Tensor):
     idx = torch.where(ss > 0, idx, p)
     valid = idx < p
     idxc = idx.clamp(max=p - 1)
-    pamt = torch.where(valid, ps.gather(1, idxc), 0)
+    pamt = (ps.gather(1, idxc) * (valid))
     grp_spare = torch.zeros((b, p + 1), dtype=ss.dtype, device=ss.device)
     grp_spare = grp_spare.scatter_add(1, idx, ss)
     # receivers of one piece are contiguous; the first one has the smallest arp
@@ -233,7 +233,7 @@ def _cut_slots(ps: torch.Tensor, spare: torch.Tensor, slots: int, home_local: to
     ov = (hi - lo).clamp(min=0)  # [B, P, N]
     # a piece landing on its expert's home GPU needs no slot: it stays unassigned (= home)
     at_home = home_local[:, :, None] == so[:, None, :]
-    home_amt = torch.where(at_home, ov, 0).sum(1)  # [B, N] spare used by own experts
+    home_amt = (ov * (at_home)).sum(1)  # [B, N] spare used by own experts
     ov = torch.where(at_home, 0, ov)
     key = ov * p + (p - 1 - torch.arange(p, device=dev))[None, :, None]
     kv, _ = torch.topk(key, slots, dim=1)  # [B, slots, N]; keys are unique
@@ -352,7 +352,7 @@ class TopoEPPlanner:
         gx = (L1 - T[:, None]).clamp(min=0)
         before = _group_before(rem, home, R, c)
         need = gx.gather(1, home.expand(V, E)) - before
-        off2 = torch.where(whole[:, None], torch.where(need > 0, rem, 0),
+        off2 = torch.where(whole[:, None], (rem * (need > 0)),
                            torch.minimum(rem, need.clamp(min=0)))
         L1 = L1 - torch.zeros_like(L1).scatter_add(1, home.expand(V, E), off2)  # after giving
         pieces = torch.zeros((V, H, E), dtype=torch.long, device=dev)
@@ -373,14 +373,14 @@ class TopoEPPlanner:
         sa, sc = spare[:va], spare[va:]
         slot_pos, slot_a = [], []
         for _ in range(S):  # apportion candidates: S rounds, one piece per GPU per round
-            eff = torch.where(pa >= self.min_piece, pa, 0)
+            eff = (pa * (pa >= self.min_piece))
             p_k, a_k = _apportion(eff, sa, cap_b)
             slot_pos.append(p_k)
             slot_a.append(a_k)
             pa = pa - torch.zeros_like(pa).scatter_add(1, p_k.clamp(min=0), a_k)
             sa = (sa - a_k).clamp(min=0)
         # cut candidates
-        eff = torch.where(pc >= self.min_piece, pc, 0)
+        eff = (pc * (pc >= self.min_piece))
         pe = porder_b[va:]
         hl = torch.where(home_host[pe] == torch.arange(V * H, device=dev)[va:, None] % H,
                          home[pe] % G, -1)
@@ -399,7 +399,7 @@ class TopoEPPlanner:
             p_k = slot_pos[k]
             has = p_k >= 0
             left = pieces.gather(1, p_k.clamp(min=0))  # piece remainder seen by each slot
-            sp = torch.where(has, spare, 0)
+            sp = (spare * (has))
             # cut each piece's remainder over its holders in GPU order
             key = torch.where(has, p_k, K)
             _, o = torch.sort(key, dim=1, stable=True)
@@ -413,7 +413,7 @@ class TopoEPPlanner:
             left_o = left.gather(1, o)
             give_o = (torch.minimum(incl, left_o) - (incl - sp_o)).clamp(min=0)
             give = torch.empty_like(give_o).scatter_(1, o, give_o)
-            give = torch.where(has, give, 0)
+            give = (give * (has))
             slot_a[k] = slot_a[k] + give
             pieces = pieces - torch.zeros_like(pieces).scatter_add(1, p_k.clamp(min=0), give)
             spare = spare - give
