@@ -1,5 +1,6 @@
 #include "executor.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace hoccl {
@@ -9,32 +10,84 @@ char* Executor::resolve(const Loc& loc, const ExecContext& ctx) const {
     case Space::In: return ctx.in[loc.index] + loc.offset;
     case Space::Out: return ctx.out[loc.index] + loc.offset;
     case Space::Slot: return group_.slot(loc.index, (bufCursor_ + loc.buf) & 1) + loc.offset;
+    default: return nullptr;  // remote: not addressable here
   }
-  return nullptr;
+}
+
+uint64_t Executor::remoteAddress(const Loc& loc) const {
+  const uint64_t* table = group_.blockAddresses(loc.buf, addressParity_);
+  size_t index = static_cast<size_t>(loc.index) + (loc.space == Space::PeerOut ? group_.world() : 0);
+  return table[index] + static_cast<uint64_t>(loc.offset);
+}
+
+void Executor::publishAddresses(const ExecContext& ctx, uint32_t parity) {
+  uint64_t* table = group_.blockAddresses(group_.rank(), parity);
+  const size_t w = static_cast<size_t>(group_.world());
+  for (size_t i = 0; i < ctx.in.size() && i < w; ++i) table[i] = reinterpret_cast<uint64_t>(ctx.in[i]);
+  for (size_t i = 0; i < ctx.out.size() && i < w; ++i) table[w + i] = reinterpret_cast<uint64_t>(ctx.out[i]);
+}
+
+void Executor::copy(const Step& step, const ExecContext& ctx) {
+  char* dst = resolve(step.dst, ctx);
+  if (step.src.remote()) {
+    crossMemoryRead(group_.pid(step.src.buf), dst, remoteAddress(step.src), static_cast<size_t>(step.bytes));
+    return;
+  }
+  const char* src = resolve(step.src, ctx);
+  if (dst != src) std::memcpy(dst, src, static_cast<size_t>(step.bytes));
+}
+
+void Executor::reduce(const Step& step, const ExecContext& ctx) {
+  char* dst = resolve(step.dst, ctx);
+  const int n = static_cast<int>(step.srcs.size());
+  std::vector<const void*> srcs(n);
+  bool anyRemote = false;
+  for (const Loc& l : step.srcs) anyRemote = anyRemote || l.remote();
+  if (!anyRemote) {
+    for (int k = 0; k < n; ++k) srcs[k] = resolve(step.srcs[k], ctx);
+    reduceInto(dst, srcs.data(), n, step.count, ctx.dtype, ctx.op);
+  } else {
+    // Pull remote sources tile by tile into cache-sized buffers, then reduce the tile: the
+    // remote bytes are read from memory once and the staging stays in cache.
+    const size_t elem = hoccl::elementSize(ctx.dtype);
+    const int64_t tileElems = std::max<int64_t>(1, (32 << 10) / static_cast<int64_t>(elem));
+    tiles_.resize(static_cast<size_t>(n) * tileElems * elem);
+    for (int64_t base = 0; base < step.count; base += tileElems) {
+      const int64_t len = std::min(tileElems, step.count - base);
+      const int64_t off = base * static_cast<int64_t>(elem);
+      for (int k = 0; k < n; ++k) {
+        const Loc& l = step.srcs[k];
+        if (l.remote()) {
+          char* tile = tiles_.data() + static_cast<size_t>(k) * tileElems * elem;
+          crossMemoryRead(group_.pid(l.buf), tile, remoteAddress(l) + off, static_cast<size_t>(len) * elem);
+          srcs[k] = tile;
+        } else {
+          srcs[k] = resolve(l, ctx) + off;
+        }
+      }
+      reduceInto(dst + off, srcs.data(), n, len, ctx.dtype, ctx.op);
+    }
+  }
+  if (step.finalize) postScale(dst, step.count, ctx.dtype, ctx.op, ctx.factor, group_.world());
 }
 
 void Executor::run(const Plan& plan, ExecContext& ctx) {
   bool first = true;
-  std::vector<const void*> srcs;
   for (const Step& step : plan.steps) {
     switch (step.kind) {
-      case Step::Kind::Copy: {
-        char* dst = resolve(step.dst, ctx);
-        const char* src = resolve(step.src, ctx);
-        if (dst != src) std::memcpy(dst, src, static_cast<size_t>(step.bytes));
+      case Step::Kind::Copy:
+        copy(step, ctx);
         break;
-      }
-      case Step::Kind::Reduce: {
-        srcs.clear();
-        for (const Loc& l : step.srcs) srcs.push_back(resolve(l, ctx));
-        char* dst = resolve(step.dst, ctx);
-        reduceInto(dst, srcs.data(), static_cast<int>(srcs.size()), step.count, ctx.dtype, ctx.op);
-        if (step.finalize) postScale(dst, step.count, ctx.dtype, ctx.op, ctx.factor, group_.world());
+      case Step::Kind::Reduce:
+        reduce(step, ctx);
         break;
-      }
       case Step::Kind::Barrier: {
         uint32_t index = ++barriers_;
-        if (first) group_.control(group_.rank()).desc[index & 1] = ctx.desc;
+        if (first) {
+          group_.control(group_.rank()).desc[index & 1] = ctx.desc;
+          publishAddresses(ctx, index & 1);
+          addressParity_ = index & 1;
+        }
         group_.arrive(index);
         group_.waitAll(index, ctx.check);
         if (first && ctx.validate) ctx.validate(index & 1);

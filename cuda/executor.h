@@ -32,7 +32,13 @@ class Executor {
 
  private:
   char* resolve(const Loc& loc, const ExecContext& ctx) const;
+  uint64_t remoteAddress(const Loc& loc) const;
+  void publishAddresses(const ExecContext& ctx, uint32_t parity);
+  void copy(const Step& step, const ExecContext& ctx);
+  void reduce(const Step& step, const ExecContext& ctx);
   ShmGroup& group_;
+  uint32_t addressParity_ = 0;  // parity of the current op's first barrier
+  std::vector<char> tiles_;     // per-source staging for reductions over remote memory
   uint32_t barriers_ = 0;
   uint32_t bufCursor_ = 0;
 };

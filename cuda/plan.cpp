@@ -30,7 +30,8 @@ static std::string locStr(const Loc& l) {
   std::ostringstream os;
   if (l.space == Space::In) os << "in[" << l.index << "]+" << l.offset;
   else if (l.space == Space::Out) os << "out[" << l.index << "]+" << l.offset;
-  else os << "slot[r" << l.index << ",b" << l.buf << "]+" << l.offset;
+  else if (l.space == Space::Slot) os << "slot[r" << l.index << ",b" << l.buf << "]+" << l.offset;
+  else os << (l.space == Space::PeerIn ? "peer_in[r" : "peer_out[r") << l.buf << "," << l.index << "]+" << l.offset;
   return os.str();
 }
 
@@ -51,7 +52,14 @@ std::string Plan::describe() const {
   return os.str();
 }
 
+static bool useDirectRead(const PlanRequest& req) {
+  if (!req.crossMemory || req.world == 1 || req.kind == OpKind::Barrier) return false;
+  return req.bytes >= req.crossMemoryMinBytes;
+}
+
 Plan buildPlan(const PlanRequest& req) {
+  if (useDirectRead(req))
+    return req.kind == OpKind::AllToAll ? planAllToAllDirectRead(req) : planDirectRead(req);
   switch (req.kind) {
     case OpKind::AllReduce:
       return req.bytes <= req.oneShotMaxBytes || req.world == 1 ? planAllReduceOneShot(req)

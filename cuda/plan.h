@@ -17,16 +17,21 @@ const char* opKindName(OpKind k);
 
 // Where bytes live. In/Out: the op's own input/output blocks (block = tensor, or a slice of
 // one). Slot: rank `rank`'s staging buffer `buf` (relative to the running buffer cursor).
-enum class Space : int8_t { In, Out, Slot };
+// PeerIn/PeerOut: another rank's input/output block, read directly from its memory
+// (cross-memory copy, one copy instead of staging's two).
+enum class Space : int8_t { In, Out, Slot, PeerIn, PeerOut };
 
 struct Loc {
   Space space;
-  int32_t index;  // block for In/Out, rank for Slot
-  int32_t buf;    // Slot only
+  int32_t index;  // block for In/Out/PeerIn/PeerOut, rank for Slot
+  int32_t buf;    // Slot: buffer; PeerIn/PeerOut: the peer rank
   int64_t offset; // bytes
   static Loc in(int block, int64_t off) { return {Space::In, block, 0, off}; }
   static Loc out(int block, int64_t off) { return {Space::Out, block, 0, off}; }
   static Loc slot(int rank, int buf, int64_t off) { return {Space::Slot, rank, buf, off}; }
+  static Loc peerIn(int rank, int block, int64_t off) { return {Space::PeerIn, block, rank, off}; }
+  static Loc peerOut(int rank, int block, int64_t off) { return {Space::PeerOut, block, rank, off}; }
+  bool remote() const { return space == Space::PeerIn || space == Space::PeerOut; }
 };
 
 struct Step {
@@ -71,6 +76,8 @@ struct PlanRequest {
                                  // allgather/gather: one rank's block; reduce_scatter/scatter: one output block)
   int64_t slotBytes = 0;
   int64_t oneShotMaxBytes = 0;   // allreduce: at or below this, every rank reduces everything
+  bool crossMemory = false;      // peers' buffers are directly readable
+  int64_t crossMemoryMinBytes = 0;  // use direct reads at or above this payload
   std::vector<TransferPhase> phases;  // alltoall: the schedule (every pair's bytes, in order)
 };
 
@@ -85,5 +92,8 @@ Plan planScatter(const PlanRequest& req);
 Plan planReduce(const PlanRequest& req);
 Plan planReduceScatter(const PlanRequest& req);
 Plan planAllToAll(const PlanRequest& req);
+// Single-copy variants: every rank reads what it needs straight from its peers' buffers.
+Plan planDirectRead(const PlanRequest& req);
+Plan planAllToAllDirectRead(const PlanRequest& req);
 
 }  // namespace hoccl

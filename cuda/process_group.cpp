@@ -127,6 +127,13 @@ HocclConfig HocclConfig::fromEnv(int world) {
   int64_t ringDefault = std::max<int64_t>(64 << 10, std::min<int64_t>(1 << 20, (64LL << 20) / (world * world)));
   c.shm.ringBytes = static_cast<size_t>(envBytes("HOCCL_SHM_RING_BYTES", ringDefault));
   c.oneShotMaxBytes = envBytes("HOCCL_ALLREDUCE_ONESHOT_BYTES", 64 << 10);
+  c.crossMemoryMinBytes = envBytes("HOCCL_CMA_MIN_BYTES", 256 << 10);
+  std::string cma = envString("HOCCL_SHM_CMA", "auto");
+  if (cma == "auto") c.shm.crossMemory = -1;
+  else if (cma == "0" || cma == "off") c.shm.crossMemory = 0;
+  else if (cma == "1" || cma == "on") c.shm.crossMemory = 1;
+  else throw std::invalid_argument("hoccl: HOCCL_SHM_CMA=" + cma + " is not one of auto, 0, 1");
+  c.inlineMaxBytes = envBytes("HOCCL_INLINE_BYTES", 64 << 10);
   std::string dbg = envString("HOCCL_DEBUG", "");
   c.debug = dbg == "TRACE" ? 2 : (dbg == "INFO" ? 1 : 0);
   std::string algo = envString("HOCCL_ALLTOALL_ALGO", "varipath");
@@ -212,17 +219,39 @@ std::string ProcessGroupHOCCL::lastAlgorithm() const {
 
 // ---------------------------------------------------------------- worker (CPU stream manager)
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::enqueue(c10d::OpType type,
-                                                          std::vector<at::Tensor> outputs, Body body) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::enqueue(c10d::OpType type, std::vector<at::Tensor> outputs,
+                                                          Body body, int64_t bytes) {
   auto work = c10::make_intrusive<WorkHOCCL>(rank_, type, std::move(outputs));
   {
     std::lock_guard<std::mutex> lock(queueMutex_);
     TORCH_CHECK(!stopping_, "hoccl: rank ", rank_, ": the process group was shut down");
-    queue_.emplace_back(work, std::move(body));
     if (coalescing_) coalesced_.push_back(work);
+    // A small op with nothing ahead of it runs right here: two thread hand-offs cost more than
+    // the op itself. Issue order is kept because nothing is queued or running.
+    bool runHere = bytes <= config_.inlineMaxBytes && queue_.empty() && !busy_ && !coalescing_;
+    if (!runHere) {
+      queue_.emplace_back(work, std::move(body));
+      queueCv_.notify_one();
+      return work;
+    }
+    busy_ = true;
+  }
+  runTask(work, body);
+  {
+    std::lock_guard<std::mutex> lock(queueMutex_);
+    busy_ = false;
   }
   queueCv_.notify_one();
   return work;
+}
+
+void ProcessGroupHOCCL::runTask(const c10::intrusive_ptr<WorkHOCCL>& work, const Body& body) {
+  try {
+    body();
+    work->complete(nullptr);
+  } catch (...) {
+    work->complete(std::current_exception());
+  }
 }
 
 void ProcessGroupHOCCL::workerLoop() {
@@ -230,16 +259,16 @@ void ProcessGroupHOCCL::workerLoop() {
     std::pair<c10::intrusive_ptr<WorkHOCCL>, Body> task;
     {
       std::unique_lock<std::mutex> lock(queueMutex_);
-      queueCv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      queueCv_.wait(lock, [&] { return (stopping_ && !busy_) || (!queue_.empty() && !busy_); });
       if (queue_.empty()) return;  // stopping and drained
       task = std::move(queue_.front());
       queue_.pop_front();
+      busy_ = true;
     }
-    try {
-      task.second();
-      task.first->complete(nullptr);
-    } catch (...) {
-      task.first->complete(std::current_exception());
+    runTask(task.first, task.second);
+    {
+      std::lock_guard<std::mutex> lock(queueMutex_);
+      busy_ = false;
     }
   }
 }
@@ -361,7 +390,7 @@ std::vector<TransferPhase> ProcessGroupHOCCL::scheduleAllToAll(const std::vector
 
 std::shared_ptr<const Plan> ProcessGroupHOCCL::planFor(const PlanRequest& req) {
   std::ostringstream key;
-  key << int(req.kind) << ':' << req.root << ':' << req.elemSize << ':' << req.bytes;
+  key << int(req.kind) << ':' << req.root << ':' << req.elemSize << ':' << req.bytes << ':' << req.crossMemory;
   std::lock_guard<std::mutex> lock(planMutex_);
   auto it = planCache_.find(key.str());
   if (it != planCache_.end()) return it->second;
@@ -378,6 +407,8 @@ void ProcessGroupHOCCL::runCollective(Collective& c) {
   c.req.world = size_;
   c.req.slotBytes = static_cast<int64_t>(group_->slotBytes());
   c.req.oneShotMaxBytes = config_.oneShotMaxBytes;
+  c.req.crossMemory = group_->crossMemory();
+  c.req.crossMemoryMinBytes = config_.crossMemoryMinBytes;
   c.ctx.desc.opSeq = ++opSeq_;
   c.ctx.desc.kind = static_cast<int8_t>(c.req.kind);
   c.ctx.desc.dtype = static_cast<int8_t>(c.ctx.dtype);
@@ -405,6 +436,10 @@ void ProcessGroupHOCCL::runCollective(Collective& c) {
     for (int s = 0; s < size_; ++s)
       for (int d = 0; d < size_; ++d) matrix[s * size_ + d] = group_->splits(s, parity)[d];
     c.req.phases = scheduleAllToAll(matrix);
+    // Plan choices must agree on every rank: size them by the whole exchange, not by my part.
+    int64_t total = 0;
+    for (int64_t v : matrix) total += v;
+    c.req.bytes = total / size_;
     c.ctx.validate = nullptr;
     plan = std::make_shared<const Plan>(buildPlan(c.req));
     std::string algo = config_.alltoall == AllToAllAlgo::Pairwise ? "pairwise"
@@ -423,8 +458,10 @@ void ProcessGroupHOCCL::runCollective(Collective& c) {
   executor_->run(*plan, c.ctx);
   if (config_.debug >= 1) {
     double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
-    std::fprintf(stderr, "[hoccl rank %d] %s #%u algo=%s transport=shm bytes=%lld time=%.1f us\n", rank_,
-                 c.opName, c.ctx.desc.opSeq, plan->algo.c_str(), static_cast<long long>(c.req.bytes), us);
+    std::fprintf(stderr, "[hoccl rank %d] %s #%u algo=%s transport=%s bytes=%lld time=%.1f us\n", rank_,
+                 c.opName, c.ctx.desc.opSeq, plan->algo.c_str(),
+                 plan->algo.find("direct-read") != std::string::npos ? "shm+cma" : "shm",
+                 static_cast<long long>(c.req.bytes), us);
   }
 }
 
@@ -487,7 +524,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allreduce(std::vector<at::Tens
   return enqueue(c10d::OpType::ALLREDUCE, tensors, [this, s, op, factor] {
     allreduceTensor(s.work, op, factor);
     s.writeBack();
-  });
+  }, nbytes(tensors[0]));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allreduce_coalesced(
@@ -526,7 +563,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::broadcast(std::vector<at::Tens
     c.ctx.desc.numel = s.work.numel();
     runCollective(c);
     s.writeBack();
-  });
+  }, nbytes(tensors[0]));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::reduce(std::vector<at::Tensor>& tensors,
@@ -552,7 +589,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::reduce(std::vector<at::Tensor>
     c.ctx.desc.numel = s.work.numel();
     runCollective(c);
     s.writeBack();
-  });
+  }, nbytes(tensors[0]));
 }
 
 // Gathers `input` from every rank into out[r] (kind AllGather: everyone; Gather: root only).
@@ -591,7 +628,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allgather(std::vector<std::vec
     for (auto& s : outs) o.push_back(s.work);
     allgatherBlocks(in, o, OpKind::AllGather, 0);
     for (auto& s : outs) s.writeBack();
-  });
+  }, nbytes(inputs[0]) * size_);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::_allgather_base(at::Tensor& output, at::Tensor& input,
@@ -611,7 +648,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::_allgather_base(at::Tensor& ou
     for (int r = 0; r < size_; ++r) blocks.push_back(flat.narrow(0, r * in.numel(), in.numel()));
     allgatherBlocks(in, blocks, OpKind::AllGather, 0);
     out.writeBack();
-  });
+  }, nbytes(output));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allgather_into_tensor_coalesced(
@@ -768,7 +805,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::_reduce_scatter_base(at::Tenso
     for (int r = 0; r < size_; ++r) blocks.push_back(in.narrow(0, r * out.work.numel(), out.work.numel()));
     reduceScatterBlocks(blocks, out.work, op, factor);
     out.writeBack();
-  });
+  }, nbytes(input));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::reduce_scatter_tensor_coalesced(
@@ -844,7 +881,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::alltoall_base(at::Tensor& outp
     };
     alltoallBlocks(blocks(in, inSplits), blocks(out.work, outSplits), op);
     out.writeBack();
-  });
+  }, nbytes(input));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::alltoall(std::vector<at::Tensor>& outputs,
@@ -878,7 +915,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::barrier(const c10d::BarrierOpt
     Collective c{"barrier"};
     c.req.kind = OpKind::Barrier;
     runCollective(c);
-  });
+  }, 0);
 }
 
 // ---------------------------------------------------------------- send / recv

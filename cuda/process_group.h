@@ -51,6 +51,8 @@ enum class AllToAllAlgo { Direct, Pairwise, VarioPath };
 struct HocclConfig {
   ShmConfig shm;
   int64_t oneShotMaxBytes = 64 << 10;
+  int64_t crossMemoryMinBytes = 256 << 10;
+  int64_t inlineMaxBytes = 64 << 10;  // run smaller collectives on the caller's thread when idle
   int debug = 0;  // 0 off, 1 INFO, 2 TRACE
   AllToAllAlgo alltoall = AllToAllAlgo::Direct;
   static HocclConfig fromEnv(int world);
@@ -124,7 +126,10 @@ class ProcessGroupHOCCL : public c10d::Backend {
   struct Collective;  // one validated, ready-to-run collective
   using Body = std::function<void()>;
 
-  c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, std::vector<at::Tensor> outputs, Body body);
+  // Queues body for the worker (or runs it inline when small and idle); bytes = payload size.
+  c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, std::vector<at::Tensor> outputs, Body body,
+                                         int64_t bytes = INT64_MAX);
+  void runTask(const c10::intrusive_ptr<WorkHOCCL>& work, const Body& body);
   void workerLoop();
   void runCollective(Collective& c);
   void validateDescriptors(const Collective& c, uint32_t parity) const;
@@ -154,6 +159,7 @@ class ProcessGroupHOCCL : public c10d::Backend {
   std::condition_variable queueCv_;
   std::deque<std::pair<c10::intrusive_ptr<WorkHOCCL>, Body>> queue_;
   bool stopping_ = false;
+  bool busy_ = false;  // a task is running (on the worker or inline)
   std::thread worker_;
 
   bool coalescing_ = false;

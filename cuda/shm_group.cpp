@@ -1,6 +1,7 @@
 #include "shm_group.h"
 
 #include <signal.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -43,6 +44,8 @@ void ShmGroup::computeLayout() {
   off += alignUp(w * sizeof(RankControl), 64);
   splitsOffset_ = off;
   off += alignUp(w * 2 * 2 * w * sizeof(int64_t), 64);
+  addressesOffset_ = off;
+  off += alignUp(w * 2 * 2 * w * sizeof(uint64_t), 64);
   ringCtlOffset_ = off;
   off += alignUp(w * w * sizeof(RingControl), 4096);
   slotOffset_ = off;
@@ -84,6 +87,9 @@ void ShmGroup::rendezvous(const c10::intrusive_ptr<c10d::Store>& store,
                                std::to_string(rank_) + " (different hoccl versions or world sizes?)");
   }
   control(rank_).pid = static_cast<int32_t>(getpid());
+  probeWord_ = 0x9e3779b97f4a7c15ULL ^ (static_cast<uint64_t>(getpid()) << 17) ^ static_cast<uint64_t>(rank_);
+  control(rank_).probeValue = probeWord_;
+  control(rank_).probeAddress = reinterpret_cast<uint64_t>(&probeWord_);
   store->add(mappedKey, 1);
   auto deadline = std::chrono::steady_clock::now() + timeout;
   while (store->add(mappedKey, 0) < world_) {
@@ -96,6 +102,52 @@ void ShmGroup::rendezvous(const c10::intrusive_ptr<c10d::Store>& store,
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   segment_.unlink();
+  probeCrossMemory(store, timeout);
+}
+
+void crossMemoryRead(int pid, void* dst, uint64_t remote, size_t bytes) {
+  char* out = static_cast<char*>(dst);
+  while (bytes > 0) {
+    iovec local{out, bytes};
+    iovec peer{reinterpret_cast<void*>(remote), bytes};
+    ssize_t n = process_vm_readv(pid, &local, 1, &peer, 1, 0);
+    if (n <= 0)
+      throw std::runtime_error("hoccl: cross-memory read of " + std::to_string(bytes) + " bytes from pid " +
+                               std::to_string(pid) + " failed: " + std::strerror(errno));
+    out += n;
+    remote += static_cast<uint64_t>(n);
+    bytes -= static_cast<size_t>(n);
+  }
+}
+
+void ShmGroup::probeCrossMemory(const c10::intrusive_ptr<c10d::Store>& store, std::chrono::milliseconds timeout) {
+  // Every rank must take the same decision, or their plans would differ: each probes its
+  // neighbour, publishes the outcome, and cross-memory copies are used only if all succeeded.
+  bool ok = cfg_.crossMemory != 0 && world_ > 1;
+  if (ok) {
+    int peer = (rank_ + 1) % world_;
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (control(peer).probeAddress == 0 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    uint64_t got = 0;
+    try {
+      crossMemoryRead(control(peer).pid, &got, control(peer).probeAddress, sizeof(got));
+      ok = got == control(peer).probeValue;
+    } catch (const std::exception&) {
+      ok = false;
+    }
+  }
+  store->set("hoccl/cma/" + std::to_string(rank_), toBytes(ok ? "1" : "0"));
+  bool all = true;
+  for (int r = 0; r < world_; ++r) {
+    std::string key = "hoccl/cma/" + std::to_string(r);
+    store->wait({key}, timeout);
+    all = all && fromBytes(store->get(key)) == "1";
+  }
+  if (cfg_.crossMemory == 1 && !all && world_ > 1)
+    throw std::runtime_error("hoccl: HOCCL_SHM_CMA=1 but process_vm_readv between local ranks is not "
+                             "permitted here (ptrace restrictions?)");
+  crossMemory_ = all && world_ > 1;
 }
 
 char* ShmGroup::slot(int r, int buf) const {
@@ -109,6 +161,11 @@ RankControl& ShmGroup::control(int r) const {
 int64_t* ShmGroup::splits(int r, int parity) const {
   size_t w = static_cast<size_t>(world_);
   return reinterpret_cast<int64_t*>(base_ + splitsOffset_) + (static_cast<size_t>(r) * 2 + parity) * 2 * w;
+}
+
+uint64_t* ShmGroup::blockAddresses(int r, int parity) const {
+  size_t w = static_cast<size_t>(world_);
+  return reinterpret_cast<uint64_t*>(base_ + addressesOffset_) + (static_cast<size_t>(r) * 2 + parity) * 2 * w;
 }
 
 RingControl& ShmGroup::ringControl(int src, int dst) const {

@@ -36,6 +36,8 @@ struct alignas(64) RankControl {
   std::atomic<uint32_t> doorbellWaiters;
   char pad2[56];
   OpDesc desc[2];  // indexed by barrier parity
+  uint64_t probeAddress;  // a word in this rank's private memory, for the cross-memory probe
+  uint64_t probeValue;
 };
 
 struct alignas(64) RingControl {
@@ -55,7 +57,11 @@ struct alignas(64) GroupHeader {
 struct ShmConfig {
   size_t slotBytes = 4 << 20;  // per rank, per buffer (two buffers)
   size_t ringBytes = 1 << 20;  // per ordered pair
+  int crossMemory = -1;        // -1 auto (probe), 0 off, 1 required
 };
+
+// Copies `bytes` from address `remote` in process `pid` into local `dst` (process_vm_readv).
+void crossMemoryRead(int pid, void* dst, uint64_t remote, size_t bytes);
 
 class ShmGroup {
  public:
@@ -72,6 +78,12 @@ class ShmGroup {
   char* slot(int r, int buf) const;
   RankControl& control(int r) const;
   int64_t* splits(int r, int parity) const;  // 2*world entries: send bytes then recv bytes
+  // 2*world entries: addresses (in rank r's own address space) of its input blocks, then output
+  // blocks, for the op whose first barrier had this parity. Read with cross-memory copies.
+  uint64_t* blockAddresses(int r, int parity) const;
+  // True when every rank can read every peer's memory directly (process_vm_readv).
+  bool crossMemory() const { return crossMemory_; }
+  int pid(int r) const { return control(r).pid; }
   RingControl& ringControl(int src, int dst) const;
   char* ringData(int src, int dst) const;
   GroupHeader& header() const { return *header_; }
@@ -89,10 +101,13 @@ class ShmGroup {
   void checkAlive(int r, const std::string& what) const;
 
  private:
-  size_t controlOffset_ = 0, splitsOffset_ = 0, ringCtlOffset_ = 0, slotOffset_ = 0,
+  size_t controlOffset_ = 0, splitsOffset_ = 0, addressesOffset_ = 0, ringCtlOffset_ = 0, slotOffset_ = 0,
          ringDataOffset_ = 0, totalBytes_ = 0;
   void computeLayout();
   void rendezvous(const c10::intrusive_ptr<c10d::Store>& store, std::chrono::milliseconds timeout);
+  void probeCrossMemory(const c10::intrusive_ptr<c10d::Store>& store, std::chrono::milliseconds timeout);
+  bool crossMemory_ = false;
+  uint64_t probeWord_ = 0;
 
   int rank_, world_;
   ShmConfig cfg_;

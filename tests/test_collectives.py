@@ -14,6 +14,18 @@ from dist_utils import run_ranks
 SMALL_SLOTS = {"HOCCL_SHM_SLOT_BYTES": "65536", "HOCCL_SHM_RING_BYTES": "16384"}
 
 
+def env_for(world: int, **extra) -> dict:
+    """Each world size exercises a different data path, so all of them are covered:
+    world 2 stages everything through shared memory (cross-memory reads off), world 3 reads
+    peers' buffers directly from 4 KiB up, world 4 uses the defaults (direct reads >= 256 KiB)."""
+    env = dict(SMALL_SLOTS, **extra)
+    if world == 2:
+        env["HOCCL_SHM_CMA"] = "0"
+    elif world == 3:
+        env["HOCCL_CMA_MIN_BYTES"] = "4096"
+    return env
+
+
 def check_all_reduce(rank, world):
     case = 0
     for dtype in ALL_DTYPES:
@@ -251,29 +263,29 @@ def check_subgroups(rank, world):
 
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_all_reduce(world):
-    results = run_ranks(check_all_reduce, world, env=SMALL_SLOTS, timeout=300)
+    results = run_ranks(check_all_reduce, world, env=env_for(world), timeout=300)
     assert len(set(results)) == 1
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_gather_family(world):
-    run_ranks(check_gathers, world, env=SMALL_SLOTS, timeout=300)
+    run_ranks(check_gathers, world, env=env_for(world), timeout=300)
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_reduce_scatter_and_reduce(world):
-    run_ranks(check_reduce_scatter_and_reduce, world, env=SMALL_SLOTS, timeout=300)
+    run_ranks(check_reduce_scatter_and_reduce, world, env=env_for(world), timeout=300)
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
 @pytest.mark.parametrize("algo", ["varipath", "direct", "pairwise"])
 def test_all_to_all(world, algo):
-    run_ranks(check_all_to_all, world, algo, env={**SMALL_SLOTS, "HOCCL_ALLTOALL_ALGO": algo}, timeout=300)
+    run_ranks(check_all_to_all, world, algo, env=env_for(world, HOCCL_ALLTOALL_ALGO=algo), timeout=300)
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_p2p_async_coalesced(world):
-    assert run_ranks(check_p2p_and_misc, world, env=SMALL_SLOTS, timeout=300) == [True] * world
+    assert run_ranks(check_p2p_and_misc, world, env=env_for(world), timeout=300) == [True] * world
 
 
 @pytest.mark.parametrize("world", [3, 4])

@@ -1,0 +1,239 @@
+"""Collective benchmark, nccl-tests style, hoccl side by side with gloo in the same run.
+
+    python -m hoccl_backend.bench                         # hoccl and gloo, world 2 and 4
+    python -m hoccl_backend.bench --backend hoccl --world 4 --ops all_reduce
+    python -m hoccl_backend.bench --json out.json --plot out.png
+    python -m hoccl_backend.bench --overlap               # GPU only: GEMM slowdown under comm
+
+Each (backend, world) runs in its own set of spawned ranks. Times are the maximum over ranks of
+the mean time per iteration. algbw = bytes / time; busbw = algbw x the nccl-tests factor
+(all_reduce 2(n-1)/n, the others (n-1)/n). "bytes" is the full buffer: all_reduce's tensor,
+all_gather's output, reduce_scatter's input, all_to_all's per-rank input.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+DEFAULT_SIZES = [8, 1 << 10, 32 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+OPS = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all"]
+
+
+def bus_factor(op: str, world: int) -> float:
+    return 2 * (world - 1) / world if op == "all_reduce" else (world - 1) / world
+
+
+def parse_size(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper().rstrip("B")
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
+
+
+def _iters_for(nbytes: int, budget_bytes: int = 1 << 29) -> int:
+    return int(max(5, min(200, budget_bytes // max(nbytes, 1))))
+
+
+def _run_op(op, buf, world):
+    import torch.distributed as dist
+
+    if op == "all_reduce":
+        dist.all_reduce(buf["x"])
+    elif op == "all_gather":
+        dist.all_gather_into_tensor(buf["out"], buf["x"])
+    elif op == "reduce_scatter":
+        dist.reduce_scatter_tensor(buf["out"], buf["x"])
+    elif op == "all_to_all":
+        dist.all_to_all_single(buf["out"], buf["x"])
+
+
+def _buffers(op, nbytes, world):
+    import torch
+
+    n = max(1, nbytes // 4)
+    n = (n + world - 1) // world * world  # divisible, for the sharded ops
+    if op == "all_reduce":
+        return {"x": torch.ones(n)}
+    if op == "all_gather":
+        return {"x": torch.ones(n // world), "out": torch.empty(n)}
+    if op == "reduce_scatter":
+        return {"x": torch.ones(n), "out": torch.empty(n // world)}
+    return {"x": torch.ones(n), "out": torch.empty(n)}
+
+
+def _rank_job(rank, world, backend, ops, sizes, port, queue, show_progress):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    if backend == "hoccl":
+        import hoccl_backend  # noqa: F401
+    dist.init_process_group(backend, rank=rank, world_size=world)
+    rows = []
+    total = len(ops) * len(sizes)
+    done = 0
+    for op in ops:
+        for nbytes in sizes:
+            buf = _buffers(op, nbytes, world)
+            iters = _iters_for(nbytes)
+            for _ in range(max(2, iters // 10)):
+                _run_op(op, buf, world)
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(iters):
+                _run_op(op, buf, world)
+            elapsed = (time.perf_counter() - start) / iters
+            t = torch.tensor([elapsed], dtype=torch.float64)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            real_bytes = buf["out"].numel() * 4 if op == "all_gather" else buf["x"].numel() * 4
+            rows.append({"backend": backend, "world": world, "op": op, "bytes": real_bytes,
+                         "time_us": t.item() * 1e6})
+            done += 1
+            if rank == 0 and show_progress:
+                bar = "#" * int(30 * done / total)
+                sys.stderr.write(f"\r  {backend:5s} world={world} [{bar:<30s}] {done}/{total} {op} {nbytes}B   ")
+                sys.stderr.flush()
+    if rank == 0 and show_progress:
+        sys.stderr.write("\n")
+    dist.destroy_process_group()
+    if rank == 0:
+        queue.put(rows)
+
+
+def run_backend(backend: str, world: int, ops, sizes, show_progress=True) -> list[dict]:
+    import multiprocessing as mp
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_rank_job, args=(r, world, backend, ops, sizes, port, queue, show_progress))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    rows = queue.get(timeout=3600)
+    for p in procs:
+        p.join()
+    for row in rows:
+        t = row["time_us"] * 1e-6
+        row["algbw_GBps"] = row["bytes"] / t / 1e9
+        row["busbw_GBps"] = row["algbw_GBps"] * bus_factor(row["op"], world)
+    return rows
+
+
+def memcpy_bandwidth(nbytes: int = 64 << 20) -> float:
+    """Single-core memcpy GB/s on this machine (read + write of nbytes counted once)."""
+    import torch
+
+    src, dst = torch.ones(nbytes // 4), torch.empty(nbytes // 4)
+    torch.set_num_threads(1)
+    for _ in range(3):
+        dst.copy_(src)
+    start = time.perf_counter()
+    reps = 20
+    for _ in range(reps):
+        dst.copy_(src)
+    return nbytes * reps / (time.perf_counter() - start) / 1e9
+
+
+def print_table(rows: list[dict], backends: list[str]) -> None:
+    keyed = {(r["backend"], r["world"], r["op"], r["bytes"]): r for r in rows}
+    worlds = sorted({r["world"] for r in rows})
+    ops = [o for o in OPS if any(r["op"] == o for r in rows)]
+    for world in worlds:
+        for op in ops:
+            print(f"\n# {op}  world={world}")
+            head = f"{'bytes':>10s}"
+            for b in backends:
+                head += f" | {b + ' us':>11s} {'algbw':>7s} {'busbw':>7s}"
+            if "hoccl" in backends and "gloo" in backends:
+                head += " | busbw x gloo"
+            print(head)
+            sizes = sorted({r["bytes"] for r in rows if r["world"] == world and r["op"] == op})
+            for nbytes in sizes:
+                line = f"{nbytes:>10d}"
+                for b in backends:
+                    r = keyed.get((b, world, op, nbytes))
+                    line += (f" | {r['time_us']:11.1f} {r['algbw_GBps']:7.3f} {r['busbw_GBps']:7.3f}" if r
+                             else " | " + " " * 27)
+                h, g = keyed.get(("hoccl", world, op, nbytes)), keyed.get(("gloo", world, op, nbytes))
+                if h and g:
+                    line += f" | {h['busbw_GBps'] / g['busbw_GBps']:10.2f}x"
+                print(line)
+
+
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    worlds = sorted({r["world"] for r in rows})
+    ops = [o for o in OPS if any(r["op"] == o for r in rows)]
+    fig, axes = plt.subplots(len(worlds), len(ops), figsize=(4 * len(ops), 3.2 * len(worlds)), squeeze=False)
+    for i, world in enumerate(worlds):
+        for j, op in enumerate(ops):
+            ax = axes[i][j]
+            for backend in sorted({r["backend"] for r in rows}):
+                pts = sorted((r["bytes"], r["busbw_GBps"]) for r in rows
+                             if r["world"] == world and r["op"] == op and r["backend"] == backend)
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=backend)
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"{op} world={world}")
+            ax.set_xlabel("bytes")
+            ax.set_ylabel("busbw GB/s")
+            ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backend", default="hoccl,gloo", help="comma list (default: hoccl,gloo)")
+    parser.add_argument("--world", default="2,4", help="comma list of world sizes")
+    parser.add_argument("--ops", default=",".join(OPS))
+    parser.add_argument("--sizes", default=None, help="comma list, e.g. 8,1M,16M")
+    parser.add_argument("--json", default=None, help="write every row to this file")
+    parser.add_argument("--plot", default=None, help="write a PNG of busbw vs size")
+    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--overlap", action="store_true", help="GPU: GEMM throughput under communication")
+    args, rest = parser.parse_known_args(argv)
+    if args.overlap:
+        from hoccl_backend import bench_overlap
+
+        return bench_overlap.main(rest)
+    if rest:
+        parser.error(f"unknown arguments {rest}")
+    backends = [b.strip() for b in args.backend.split(",") if b.strip()]
+    worlds = [int(w) for w in args.world.split(",")]
+    ops = [o.strip() for o in args.ops.split(",")]
+    for op in ops:
+        if op not in OPS:
+            parser.error(f"unknown op {op!r}; choose from {OPS}")
+    sizes = [parse_size(s) for s in args.sizes.split(",")] if args.sizes else DEFAULT_SIZES
+    rows = []
+    for world in worlds:
+        for backend in backends:
+            rows += run_backend(backend, world, ops, sizes, show_progress=not args.no_progress)
+    mc = memcpy_bandwidth()
+    print(f"# machine: {os.cpu_count()} cores; single-core memcpy {mc:.2f} GB/s")
+    print_table(rows, backends)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"memcpy_GBps": mc, "rows": rows}, f, indent=1)
+    if args.plot:
+        plot(rows, args.plot)
+        print(f"plot written to {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
