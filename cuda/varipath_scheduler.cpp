@@ -168,24 +168,45 @@ std::vector<std::vector<int>> Scheduler::decompose(const std::vector<int64_t>& d
   return phases;
 }
 
-double Scheduler::phase_cost(const Phase& phase) const {
-  if (phase.empty()) return 0.0;
-  std::vector<double> load(link_bw_.size(), 0.0);
-  std::vector<int> flows(link_bw_.size(), 0);
-  for (const Transfer& t : phase)
-    for (int l : pair_links_[t.src * n_ + t.dst]) {
-      load[l] += static_cast<double>(t.bytes);
-      flows[l] += 1;
-    }
-  double worst = 0.0;
-  for (size_t l = 0; l < load.size(); ++l) {
-    if (flows[l] == 0) continue;
-    double cap = link_bw_[l];
-    if (flows[l] > 1 && model_.eta_beta > 0.0)
-      cap *= std::max(model_.eta_min, 1.0 - model_.eta_beta * std::log2(static_cast<double>(flows[l])));
-    worst = std::max(worst, load[l] / cap);
+// Scratch link tables reused across phases; only touched entries are reset, so costing a
+// phase is O(transfers * path length), not O(links).
+struct Scheduler::LinkScratch {
+  std::vector<double> load;
+  std::vector<int> flows;
+  std::vector<int> touched;
+  explicit LinkScratch(size_t links) : load(links, 0.0), flows(links, 0) {}
+};
+
+void Scheduler::add_transfer(LinkScratch* ls, int pair, int64_t bytes, bool new_flow) const {
+  for (int l : pair_links_[pair]) {
+    if (ls->flows[l] == 0 && ls->load[l] == 0.0) ls->touched.push_back(l);
+    ls->load[l] += static_cast<double>(bytes);
+    if (new_flow) ls->flows[l] += 1;
   }
+}
+
+// Drains the scratch: returns the phase's start latency plus its most congested link's time
+// (bandwidth derated by eta(k) under the contention model).
+double Scheduler::drain_cost(LinkScratch* ls) const {
+  if (ls->touched.empty()) return 0.0;
+  double worst = 0.0;
+  for (int l : ls->touched) {
+    double cap = link_bw_[l];
+    const int k = ls->flows[l];
+    if (k > 1 && model_.eta_beta > 0.0)
+      cap *= std::max(model_.eta_min, 1.0 - model_.eta_beta * std::log2(static_cast<double>(k)));
+    worst = std::max(worst, ls->load[l] / cap);
+    ls->load[l] = 0.0;
+    ls->flows[l] = 0;
+  }
+  ls->touched.clear();
   return latency_s_ + worst;
+}
+
+double Scheduler::phase_cost(const Phase& phase) const {
+  LinkScratch ls(link_bw_.size());
+  for (const Transfer& t : phase) add_transfer(&ls, t.src * n_ + t.dst, t.bytes, true);
+  return drain_cost(&ls);
 }
 
 double Scheduler::estimate(const std::vector<Phase>& phases) const {
@@ -194,8 +215,27 @@ double Scheduler::estimate(const std::vector<Phase>& phases) const {
   return total;
 }
 
-// Fuse runs of `merge` consecutive channel phases; a pair repeated inside a run becomes one
-// transfer at its first position, so per-source order still follows the channel order.
+// Cost of fusing runs of `merge` channel phases, without building the phases.  A pair repeated
+// inside a run counts as one flow (as materialize() merges it).
+double Scheduler::merged_cost(const std::vector<std::vector<int>>& chans,
+                              const std::vector<std::vector<int64_t>>& bytes, int merge, LinkScratch* ls,
+                              std::vector<int>* seen, int* stamp) const {
+  double total = 0.0;
+  for (size_t start = 0; start < chans.size(); start += merge) {
+    ++*stamp;
+    const size_t stop = std::min(chans.size(), start + static_cast<size_t>(merge));
+    for (size_t i = start; i < stop; ++i)
+      for (size_t k = 0; k < chans[i].size(); ++k) {
+        const int p = chans[i][k];
+        const bool fresh = (*seen)[p] != *stamp;
+        (*seen)[p] = *stamp;
+        add_transfer(ls, p, bytes[i][k], fresh);
+      }
+    total += drain_cost(ls);
+  }
+  return total;
+}
+
 std::vector<Phase> Scheduler::materialize(const std::vector<std::vector<int>>& chans,
                                           const std::vector<std::vector<int64_t>>& bytes, int merge) const {
   std::vector<Phase> out;
@@ -231,33 +271,55 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
   if (top == 0) return {};
   double bound_s = 0.0;
   const std::vector<double> weight = pair_urgency(demand, &bound_s);
-  std::vector<Phase> best;
-  double best_cost = std::numeric_limits<double>::infinity();
   // Quanta: whole pairs per phase (few phases), or slices of the bottleneck time so that the
   // bottleneck link stays busy in every phase even when a few pairs dominate (skew).
   const double lb_bytes = bound_s * rate_Bps_;
   std::vector<int64_t> quanta = {top};
-  for (double k : {1.0, 2.0, 4.0}) {
+  for (double k : {1.0, 2.0}) {
     const int64_t q = static_cast<int64_t>(std::ceil(lb_bytes / (k * n_)));
     if (q > 0 && q < top && std::find(quanta.begin(), quanta.end(), q) == quanta.end()) quanta.push_back(q);
   }
+  LinkScratch ls(link_bw_.size());
+  std::vector<int> seen(demand.size(), 0);
+  int stamp = 0;
+  double best_cost = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<int>> best_chans;
+  std::vector<std::vector<int64_t>> best_bytes;
+  int best_merge = 1;
+  int64_t best_q = top;
   for (int64_t q : quanta) {
     std::vector<std::vector<int64_t>> bytes;
-    const auto chans = decompose(demand, weight, q, q != top, &bytes);
+    auto chans = decompose(demand, weight, q, q != top, &bytes);
     const int count = static_cast<int>(chans.size());
+    // Merge factors 1, 2, 4, ... all phases; the cost is unimodal in practice, so stop once it
+    // has risen twice in a row.  "All" is always tried: it is the single-phase (direct) plan.
+    double prev = std::numeric_limits<double>::infinity();
+    int rises = 0, chosen = 0;
+    double chosen_cost = std::numeric_limits<double>::infinity();
     for (int merge = 1;; merge *= 2) {
       const int m = std::min(merge, count);
-      std::vector<Phase> cand = materialize(chans, bytes, m);
-      const double cost = estimate(cand);
-      if (cost < best_cost * (1.0 - 1e-12)) {
-        best_cost = cost;
-        best = std::move(cand);
-        if (info) *info = PlanInfo{cost, count, m, static_cast<double>(q)};
+      if (rises < 2 || m == count) {
+        const double cost = merged_cost(chans, bytes, m, &ls, &seen, &stamp);
+        rises = cost > prev ? rises + 1 : 0;
+        prev = cost;
+        if (cost < chosen_cost * (1.0 - 1e-12)) {
+          chosen_cost = cost;
+          chosen = m;
+        }
       }
       if (m >= count) break;
     }
+    if (chosen_cost < best_cost * (1.0 - 1e-12)) {
+      best_cost = chosen_cost;
+      best_chans = std::move(chans);
+      best_bytes = std::move(bytes);
+      best_merge = chosen;
+      best_q = q;
+    }
   }
-  return best;
+  if (info)
+    *info = PlanInfo{best_cost, static_cast<int>(best_chans.size()), best_merge, static_cast<double>(best_q)};
+  return materialize(best_chans, best_bytes, best_merge);
 }
 
 }  // namespace varipath

@@ -65,6 +65,11 @@ class Scheduler {
   std::vector<std::vector<int>> decompose(const std::vector<int64_t>& demand,
                                           const std::vector<double>& weight, int64_t quantum, bool scale_by_rate,
                                           std::vector<std::vector<int64_t>>* bytes) const;
+  struct LinkScratch;
+  void add_transfer(LinkScratch* ls, int pair, int64_t bytes, bool new_flow) const;
+  double drain_cost(LinkScratch* ls) const;
+  double merged_cost(const std::vector<std::vector<int>>& chans, const std::vector<std::vector<int64_t>>& bytes,
+                     int merge, LinkScratch* ls, std::vector<int>* seen, int* stamp) const;
   double phase_cost(const Phase& phase) const;
   std::vector<Phase> materialize(const std::vector<std::vector<int>>& chans,
                                  const std::vector<std::vector<int64_t>>& bytes, int merge) const;

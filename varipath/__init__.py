@@ -51,7 +51,7 @@ def backend_config(spec: Optional[str], world_size: int) -> dict:
                          f"group has world_size={world_size}")
     from .catalog import working_set
 
-    return {"channels": working_set(topo), "phase_latency_s": topo.phase_latency_s,
+    return {"channels": working_set(topo), "phase_latency_s": topo.phase_start_s(),
             "bandwidth_Bps": topo.pair_bandwidth(), "topology": topo}
 
 
@@ -75,7 +75,7 @@ def scheduler_for(topo: Topology, model: str = "contention"):
         from .catalog import working_set
 
         mod = load_scheduler()
-        sched = mod.Scheduler(topo.num_gpus, working_set(topo), topo.phase_latency_s, topo.pair_bandwidth())
+        sched = mod.Scheduler(topo.num_gpus, working_set(topo), topo.phase_start_s(), topo.pair_bandwidth())
         sched.set_link_model(*_link_model(topo))
         if model == "contention":
             sched.set_cost_model(ETA_BETA, ETA_MIN, 0)

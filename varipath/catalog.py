@@ -28,7 +28,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from . import analyzer as an
 from .topology import Topology, gpu_index_list
 
-CACHE_VERSION = 3
+CACHE_VERSION = 6
 Pair = Tuple[int, int]
 
 
@@ -119,6 +119,7 @@ def build_cross_catalog(host: Topology, two: Topology) -> dict:
     reps = _orbits(chans, gens)
     t2 = time.perf_counter()
     return {"cross_all": len(chans), "cross_reps": [sorted(r) for r in reps],
+            "cross_cover": [list(c) for c in _greedy_cover(sorted(tuple(sorted(c)) for c in chans))],
             "enumerate_s": t1 - t0, "symmetry_s": t2 - t1}
 
 
@@ -206,6 +207,8 @@ def _build_working_set(topo: Topology, max_intra: int) -> List[List[Pair]]:
     hc = cat["host"]
     group = hc["group"]
     intra = _expand(hc["intra_reps"], group)
+    if topo.num_hosts > 1:  # cross phases carry most intra traffic in their fills
+        max_intra = min(max_intra, MULTI_HOST_INTRA)
     if len(intra) > max_intra:  # keep a cover with multiplicity, not every image
         intra = _greedy_cover(intra, rounds=max(1, max_intra // max(1, len(_greedy_cover(intra)))))
     hosts = topo.num_hosts
@@ -213,34 +216,47 @@ def _build_working_set(topo: Topology, max_intra: int) -> List[List[Pair]]:
         return [list(c) for c in intra]
     m = hc["n"]
     host = _host_topology(topo)
-    cross_all = _expand(cat["cross"]["cross_reps"], group, offset_dst=m)
-    cross = _greedy_cover(cross_all)
+    cross = [tuple(tuple(p) for p in c) for c in cat["cross"]["cross_cover"]]
     out: List[List[Pair]] = []
     for c in intra:  # the same intra channel in every host at once
         out.append([(h * m + s, h * m + d) for h in range(hosts) for s, d in c])
     for k in range(1, hosts):
         for pat in cross:
-            fill = _intra_fill(host, pat, m)
-            ch = []
-            for h in range(hosts):
-                dst = (h + k) % hosts
-                ch += [(h * m + s, dst * m + d - m) for s, d in pat]
-                ch += [(h * m + s, h * m + d) for s, d in fill]
-            out.append(sorted(ch))
+            for fill in _intra_fills(host, pat, m, FILL_VARIANTS):
+                ch = []
+                for h in range(hosts):
+                    dst = (h + k) % hosts
+                    ch += [(h * m + s, dst * m + d - m) for s, d in pat]
+                    ch += [(h * m + s, h * m + d) for s, d in fill]
+                out.append(sorted(ch))
     return out
 
 
-def _intra_fill(host: Topology, pattern: Sequence[Pair], m: int) -> List[Pair]:
-    """Intra transfers that fit beside a cross pattern (the host both sends ``pattern`` and,
-    under a shift, receives the same pattern): they use only GPU ports it leaves idle."""
+FILL_VARIANTS = 2  # intra fills per cross pattern: lets the scheduler drain intra traffic
+MULTI_HOST_INTRA = 48  # intra-only channels kept when there are several hosts
+
+
+def _intra_fills(host: Topology, pattern: Sequence[Pair], m: int, variants: int) -> List[List[Pair]]:
+    """Distinct intra transfer sets that fit beside a cross pattern (the host both sends
+    ``pattern`` and, under a shift, receives the same pattern): they use only GPU ports it
+    leaves idle.  Variant r is first-fit over the candidates rotated by r/variants, so the
+    variants favour different (e.g. cross-socket) pairs."""
     busy_src = {s for s, _ in pattern}
     busy_dst = {d - m for _, d in pattern}
     cand = [(s, d) for s in range(m) for d in range(m) if s != d and s not in busy_src and d not in busy_dst]
-    chosen: List[Pair] = []
-    for p in cand:  # first-fit in index order: deterministic and maximal
-        if an.is_contention_free(host, chosen + [p]):
-            chosen.append(p)
-    return chosen
+    fills: List[List[Pair]] = []
+    links = an.PairLinks(host, cand)
+    for r in range(variants):
+        cut = (r * len(cand)) // variants
+        chosen: List[Pair] = []
+        load: Dict = {}
+        for p in cand[cut:] + cand[:cut]:  # first-fit: deterministic and maximal
+            if links.fits(load, p):
+                links.add(load, p)
+                chosen.append(p)
+        if sorted(chosen) not in fills:
+            fills.append(sorted(chosen))
+    return fills
 
 
 def catalog_report(presets: Sequence[str], host_counts: Sequence[int] = (1, 2, 4, 32)) -> List[dict]:

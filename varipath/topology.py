@@ -38,8 +38,10 @@ class Topology:
     """Directed-link graph with fixed routing between GPUs.  See module docstring."""
 
     def __init__(self, name: str, nodes: Dict[str, dict], links: Sequence[dict],
-                 gpus: Sequence[str], phase_latency_s: float = PHASE_LATENCY_S) -> None:
+                 gpus: Sequence[str], phase_latency_s: float = PHASE_LATENCY_S,
+                 pair_bw: Optional[float] = None) -> None:
         self.name = name
+        self.pair_bw = pair_bw  # optional cap on one transfer's rate (e.g. an ideal switch)
         self.nodes = {k: dict(v) for k, v in nodes.items()}
         self.gpus = list(gpus)
         self.phase_latency_s = float(phase_latency_s)
@@ -137,15 +139,32 @@ class Topology:
         return list(self._paths[key])
 
     def pair_rate(self, src: int, dst: int) -> float:
-        """Full rate of a transfer running alone: its path's narrowest link."""
-        return min(self._bw[l] for l in self.path(src, dst))
+        """Full rate of a transfer running alone: its path's narrowest link (or ``pair_bw``)."""
+        r = min(self._bw[l] for l in self.path(src, dst))
+        return min(r, self.pair_bw) if self.pair_bw else r
 
     def path_latency(self, src: int, dst: int) -> float:
         """Sum of link latencies on the path."""
         return sum(self._lat[l] for l in self.path(src, dst))
 
+    def phase_start_s(self) -> float:
+        """Start cost charged per phase by the scheduler's cost model: the fixed phase latency
+        plus the longest GPU-to-GPU path latency (what the simulator charges a phase at most)."""
+        if getattr(self, "_phase_start", None) is None:
+            n = self.num_gpus
+            hosts = {}
+            for i in range(n):  # one GPU per host suffices for the cross-host maximum
+                hosts.setdefault(self.host_of(i), []).append(i)
+            reps = [g for gs in hosts.values() for g in gs[:1]] if len(hosts) > 2 else list(range(n))
+            worst = max((self.path_latency(s, d) for s in reps for d in range(n) if s != d), default=0.0)
+            self._phase_start = self.phase_latency_s + worst
+        return self._phase_start
+
     def pair_bandwidth(self) -> float:
-        """Per-pair rate used by the online scheduler: the narrowest GPU attachment link."""
+        """Per-pair rate used by the online scheduler: ``pair_bw`` if set, else the narrowest
+        GPU attachment link."""
+        if self.pair_bw:
+            return self.pair_bw
         return min(self._bw[(g, self._adj[g][0])] for g in self.gpus)
 
     # ---------------------------------------------------------------- routing
@@ -225,7 +244,7 @@ class Topology:
     # ---------------------------------------------------------------- JSON
     def to_dict(self) -> dict:
         """Plain-data form (bandwidths in GB/s, latencies in µs)."""
-        return {
+        out = {
             "name": self.name,
             "phase_latency_us": self.phase_latency_s * 1e6,
             "gpus": list(self.gpus),
@@ -233,6 +252,9 @@ class Topology:
             "links": [{"a": l["a"], "b": l["b"], "bw_GBps": l["bw"] / GB,
                        "latency_us": l.get("latency", PCIE_LAT) * 1e6} for l in self._raw_links],
         }
+        if self.pair_bw:
+            out["pair_bw_GBps"] = self.pair_bw / GB
+        return out
 
     def to_json(self, path: Optional[str] = None) -> str:
         """Serialise to a JSON string; also write it to ``path`` when given."""
@@ -255,8 +277,9 @@ class Topology:
             links = [{"a": l["a"], "b": l["b"], "bw": float(l["bw_GBps"]) * GB,
                       "latency": float(l.get("latency_us", PCIE_LAT * 1e6)) * 1e-6} for l in d["links"]]
             gpus = d.get("gpus") or sorted(n for n, a in nodes.items() if a.get("type") == "gpu")
+            pair_bw = float(d["pair_bw_GBps"]) * GB if d.get("pair_bw_GBps") else None
             return cls(d.get("name", "custom"), nodes, links, gpus,
-                       float(d.get("phase_latency_us", PHASE_LATENCY_S * 1e6)) * 1e-6)
+                       float(d.get("phase_latency_us", PHASE_LATENCY_S * 1e6)) * 1e-6, pair_bw)
         except KeyError as e:
             raise ValueError(f"topology JSON is missing field {e}") from None
 
@@ -347,7 +370,7 @@ def flat(n: int, hosts: int = 1, pair_bw: float = 25 * GB) -> Topology:
         nodes[g] = {"type": "gpu", "host": 0}
         links.append({"a": g, "b": "sw", "bw": (total - 1) * pair_bw, "latency": PCIE_LAT})
         gpus.append(g)
-    return Topology(f"flat{total}", nodes, links, gpus)
+    return Topology(f"flat{total}", nodes, links, gpus, pair_bw=pair_bw)
 
 
 def gpu_index_list(topo: Topology, host: int) -> List[int]:
