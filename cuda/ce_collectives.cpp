@@ -92,52 +92,131 @@ std::string CeGroup::describePaths() const {
   return s;
 }
 
+bool CeGroup::allP2P() const { return world_ > 1 && peersOn(CePath::P2P).size() == static_cast<size_t>(world_ - 1); }
+
+// Staging rounds: every rank counts every round (so slot parity agrees everywhere); round n uses
+// slot (n-1)%2. A publisher may overwrite a slot only once every peer consumed the round it last
+// published there (DONE >= that round); consumers signal DONE with the round they consumed.
+// Every publication in these collectives is consumed by every other rank.
+uint32_t CeGroup::beginRound(CUstream s, bool publish) {
+  const uint32_t n = ++round_;
+  const int slot = static_cast<int>((n - 1) % 2);
+  if (publish) {
+    const uint32_t previous = lastRoundInSlot_[slot];
+    auto peers = everyone();
+    if (previous != 0 && !peers.empty())
+      flags(kDone).waitMany(s, peers, std::vector<uint32_t>(peers.size(), previous));
+    lastRoundInSlot_[slot] = n;
+  }
+  return n;
+}
+
+void CeGroup::publishReady(CUstream s, uint32_t round) {
+  for (int p : everyone()) flags(kReady).signal(s, p, round);
+}
+
+// Waits for `from`'s publication `round`, copies `len` bytes at `slotOffset` of its slot to dst
+// (H2D: copy engine), then releases the slot.
+void CeGroup::consume(CUstream s, int from, uint32_t round, size_t slotOffset, CUdeviceptr dst, size_t len) {
+  const int slot = static_cast<int>((round - 1) % 2);
+  if (from != rank_) flags(kReady).wait(s, from, round);
+  cu::check(cu::driver().cuMemcpyHtoDAsync(dst, staging_->hostSlot(from, slot, slotOffset), len, s),
+            "cuMemcpyHtoDAsync");
+  if (from != rank_) flags(kDone).signal(s, from, round);
+}
+
+void CeGroup::stageOut(CUstream s, uint32_t round, size_t slotOffset, CUdeviceptr src, size_t len) {
+  const int slot = static_cast<int>((round - 1) % 2);
+  cu::check(cu::driver().cuMemcpyDtoHAsync(staging_->hostSlot(rank_, slot, slotOffset), src, len, s),
+            "cuMemcpyDtoHAsync");
+}
+
 void CeGroup::allGather(CUstream stream, CUdeviceptr out, CUdeviceptr in, size_t bytes) {
   if (bytes == 0) return;
   cu::ContextGuard guard(device_);
   refuseCapture(stream, "all_gather");
-  auto p2p = peersOn(CePath::P2P);
-  if (world_ > 1 && p2p.size() == static_cast<size_t>(world_ - 1)) return gatherP2P(stream, out, in, bytes, p2p);
-  gatherHostChunked(stream, out, in, bytes, everyone());
-}
-
-// Publication n of this rank lives in slot (n-1)%2; before overwriting it, every peer must have
-// consumed publication n-2 (DONE >= n-2).
-void CeGroup::gatherHostChunked(CUstream s, CUdeviceptr out, CUdeviceptr in, size_t bytes,
-                                const std::vector<int>& hostPeers) {
-  const auto& api = cu::driver();
+  if (allP2P()) {
+    std::vector<P2PWrite> writes;
+    for (int p : everyone()) writes.push_back({p, rank_ * bytes, in, bytes});
+    pushP2P(stream, out, bytes * world_, writes, everyone());
+    ceCopyAsync(stream, out + rank_ * bytes, in, bytes);
+    return;
+  }
   for (size_t off = 0; off < bytes; off += staging_->slotBytes()) {
     const size_t len = std::min(staging_->slotBytes(), bytes - off);
-    const uint32_t n = ++published_;
-    const int slot = static_cast<int>((n - 1) % 2);
-    if (n > 2 && !hostPeers.empty())
-      flags(kDone).waitMany(s, hostPeers, std::vector<uint32_t>(hostPeers.size(), n - 2));
-    cu::check(api.cuMemcpyDtoHAsync(staging_->hostSlot(rank_, slot), in + off, len, s), "cuMemcpyDtoHAsync");
-    for (int p : hostPeers) flags(kReady).signal(s, p, n);
-    // Own block from the own slot: H2D runs on a copy engine, a same-device D2D might not.
-    cu::check(api.cuMemcpyHtoDAsync(out + rank_ * bytes + off, staging_->hostSlot(rank_, slot), len, s),
-              "cuMemcpyHtoDAsync");
-    for (int p : hostPeers) {
-      flags(kReady).wait(s, p, n);
-      cu::check(api.cuMemcpyHtoDAsync(out + p * bytes + off, staging_->hostSlot(p, slot), len, s),
-                "cuMemcpyHtoDAsync");
-      flags(kDone).signal(s, p, n);
+    const uint32_t n = beginRound(stream, true);
+    stageOut(stream, n, 0, in + off, len);
+    publishReady(stream, n);
+    // Own block from the own slot too: H2D runs on a copy engine, a same-device D2D might not.
+    for (int r = 0; r < world_; ++r) consume(stream, r, n, 0, out + r * bytes + off, len);
+  }
+}
+
+void CeGroup::allToAll(CUstream stream, CUdeviceptr out, CUdeviceptr in, size_t blockBytes) {
+  if (blockBytes == 0) return;
+  cu::ContextGuard guard(device_);
+  refuseCapture(stream, "all_to_all");
+  if (allP2P()) {
+    std::vector<P2PWrite> writes;
+    for (int p : everyone()) writes.push_back({p, rank_ * blockBytes, in + p * blockBytes, blockBytes});
+    pushP2P(stream, out, blockBytes * world_, writes, everyone());
+    ceCopyAsync(stream, out + rank_ * blockBytes, in + rank_ * blockBytes, blockBytes);
+    return;
+  }
+  // Each round carries one piece per destination: piece p of my slot is for rank p.
+  const size_t piece = std::max<size_t>(256, staging_->slotBytes() / world_ / 256 * 256);
+  for (size_t off = 0; off < blockBytes; off += piece) {
+    const size_t len = std::min(piece, blockBytes - off);
+    const uint32_t n = beginRound(stream, true);
+    for (int p = 0; p < world_; ++p) stageOut(stream, n, p * piece, in + p * blockBytes + off, len);
+    publishReady(stream, n);
+    for (int r = 0; r < world_; ++r) consume(stream, r, n, rank_ * piece, out + r * blockBytes + off, len);
+  }
+}
+
+void CeGroup::broadcast(CUstream stream, CUdeviceptr buf, size_t bytes, int root) {
+  if (bytes == 0 || world_ == 1) return;
+  if (root < 0 || root >= world_) throw std::invalid_argument("hoccl broadcast: root out of range");
+  cu::ContextGuard guard(device_);
+  refuseCapture(stream, "broadcast");
+  if (allP2P()) {
+    std::vector<P2PWrite> writes;
+    if (rank_ == root)
+      for (int p : everyone()) writes.push_back({p, 0, buf, bytes});
+    pushP2P(stream, buf, bytes, writes, rank_ == root ? std::vector<int>{} : std::vector<int>{root});
+    return;
+  }
+  for (size_t off = 0; off < bytes; off += staging_->slotBytes()) {
+    const size_t len = std::min(staging_->slotBytes(), bytes - off);
+    const uint32_t n = beginRound(stream, rank_ == root);
+    if (rank_ == root) {
+      stageOut(stream, n, 0, buf + off, len);
+      publishReady(stream, n);
+    } else {
+      consume(stream, root, n, 0, buf + off, len);
     }
   }
 }
 
-// Push model: each rank writes its block straight into every peer's output, once the peer says
-// its output may be overwritten (ARM), then tells it the data is there (DATA).
-void CeGroup::gatherP2P(CUstream s, CUdeviceptr out, CUdeviceptr in, size_t bytes, const std::vector<int>& p2pPeers) {
+// Push model over CUDA IPC: a writer copies straight into the reader's buffer once the reader
+// said the buffer may be overwritten (ARM: its stream reached this op), then says the data is
+// there (DATA). Sequence = this group's p2p op count, identical on every rank.
+void CeGroup::pushP2P(CUstream s, CUdeviceptr myDst, size_t myDstBytes, const std::vector<P2PWrite>& writes,
+                      const std::vector<int>& writers) {
   const uint32_t seq = ++opSeq_;
-  IpcDesc mine = ipc_->describe(out, bytes * world_);
+  IpcDesc mine = ipc_->describe(myDst, myDstBytes);
   auto all = exchangeIpc(store_, prefix_ + "/ipc/" + std::to_string(seq), rank_, world_, mine, opts_.timeout);
-  for (int p : p2pPeers) flags(kArm).signal(s, p, seq);
-  flags(kArm).waitMany(s, p2pPeers, std::vector<uint32_t>(p2pPeers.size(), seq));
-  for (int p : p2pPeers) ceCopyAsync(s, ipc_->map(p, all[p]) + rank_ * bytes, in, bytes);
-  ceCopyAsync(s, out + rank_ * bytes, in, bytes);
-  for (int p : p2pPeers) flags(kData).signal(s, p, seq);
-  flags(kData).waitMany(s, p2pPeers, std::vector<uint32_t>(p2pPeers.size(), seq));
+  for (int w : writers) flags(kArm).signal(s, w, seq);
+  std::vector<int> targets;
+  for (const auto& w : writes) targets.push_back(w.peer);
+  if (!targets.empty()) flags(kArm).waitMany(s, targets, std::vector<uint32_t>(targets.size(), seq));
+  for (const auto& w : writes) {
+    if (w.dstOffset + w.bytes > all[w.peer].bytes)
+      throw std::invalid_argument("hoccl: p2p write past the end of rank " + std::to_string(w.peer) + "'s buffer");
+    ceCopyAsync(s, ipc_->map(w.peer, all[w.peer]) + w.dstOffset, w.src, w.bytes);
+  }
+  for (int t : targets) flags(kData).signal(s, t, seq);
+  if (!writers.empty()) flags(kData).waitMany(s, writers, std::vector<uint32_t>(writers.size(), seq));
 }
 
 void CeGroup::allReduce(CUstream stream, CUdeviceptr buf, int64_t count, c10::ScalarType dtype, RedOp op,
@@ -147,27 +226,20 @@ void CeGroup::allReduce(CUstream stream, CUdeviceptr buf, int64_t count, c10::Sc
   if (!why.empty()) throw std::invalid_argument("hoccl all_reduce: " + why);
   cu::ContextGuard guard(device_);
   refuseCapture(stream, "all_reduce");
-  const auto& api = cu::driver();
   const size_t elem = hoccl::elementSize(dtype);
   const int64_t chunkElems = static_cast<int64_t>(staging_->slotBytes() / elem);
-  const auto peers = everyone();
   for (int64_t first = 0; first < count; first += chunkElems) {
     const int64_t n = std::min(chunkElems, count - first);
-    const uint32_t seq = ++published_;
-    const int slot = static_cast<int>((seq - 1) % 2);
-    if (seq > 2 && !peers.empty()) flags(kDone).waitMany(stream, peers, std::vector<uint32_t>(peers.size(), seq - 2));
-    cu::check(api.cuMemcpyDtoHAsync(staging_->hostSlot(rank_, slot), buf + first * elem, n * elem, stream),
-              "cuMemcpyDtoHAsync");
-    for (int p : peers) flags(kReady).signal(stream, p, seq);
-    if (reduce_) reduceChunkGpu(stream, buf + first * elem, n, dtype, op, factor, seq);
-    else reduceChunkHost(stream, buf + first * elem, n, dtype, op, factor, seq);
+    const uint32_t round = beginRound(stream, true);
+    stageOut(stream, round, 0, buf + first * elem, n * elem);
+    publishReady(stream, round);
+    if (reduce_) reduceChunkGpu(stream, buf + first * elem, n, dtype, op, factor, round);
+    else reduceChunkHost(stream, buf + first * elem, n, dtype, op, factor, round);
   }
 }
 
 void CeGroup::reduceChunkGpu(CUstream s, CUdeviceptr dst, int64_t count, c10::ScalarType dtype, RedOp op,
-                             double factor, uint32_t seq) {
-  const auto& api = cu::driver();
-  const int slot = static_cast<int>((seq - 1) % 2);
+                             double factor, uint32_t round) {
   const size_t bytes = count * hoccl::elementSize(dtype);
   std::vector<CUdeviceptr> srcs(world_);
   for (int r = 0; r < world_; ++r) {
@@ -175,10 +247,8 @@ void CeGroup::reduceChunkGpu(CUstream s, CUdeviceptr dst, int64_t count, c10::Sc
       srcs[r] = dst;  // own data never leaves the device
       continue;
     }
-    flags(kReady).wait(s, r, seq);
     srcs[r] = scratch_->ptr(static_cast<size_t>(r) * staging_->slotBytes());
-    cu::check(api.cuMemcpyHtoDAsync(srcs[r], staging_->hostSlot(r, slot), bytes, s), "cuMemcpyHtoDAsync");
-    flags(kDone).signal(s, r, seq);
+    consume(s, r, round, 0, srcs[r], bytes);
   }
   reduce_->launch(s, dst, srcs, count, dtype, op, factor, world_, /*finalize=*/true);
 }
@@ -204,7 +274,7 @@ void CeGroup::reduceChunkHost(CUstream s, CUdeviceptr dst, int64_t count, c10::S
   hostWaitAll(kReady, seq, "all_reduce");
   std::vector<const void*> srcs(world_);
   for (int r = 0; r < world_; ++r) srcs[r] = staging_->hostSlot(r, slot);
-  // Result into the other slot of this rank? Peers may still read it; use a private buffer.
+  // Private result buffer: peers may still be reading this rank's slots.
   std::vector<char> result(count * hoccl::elementSize(dtype));
   reduceInto(result.data(), srcs.data(), world_, count, dtype, op);
   postScale(result.data(), count, dtype, op, factor, world_);

@@ -5,16 +5,23 @@
 // enqueued on the caller's stream and returns without waiting for the GPU (except host-side
 // reductions, which block the calling thread — call from the PG worker, never the user thread).
 //
-//  all_gather:  host path  D2H own block -> own slot, signal READY; per peer: wait READY,
-//                          H2D peer slot -> out, signal DONE (slot reusable). Chunked by slot size,
-//                          two slots alternate.
-//               p2p path   signal ARM (my out may now be written), wait peers' ARM, D2D my block
-//                          into each peer's IPC-mapped out, signal DATA, wait peers' DATA.
-//  all_reduce:  (one-shot, host staged) D2H own chunk -> slot, signal READY to all (self too);
-//               gpu: wait READY, H2D peers' chunks -> device scratch, bounded reduction kernel
-//                    (sources in rank order, result into the tensor), signal DONE;
-//               host: CPU waits READY, reduces from the shared slots, H2D result, signal DONE.
-// No kernel runs in all_gather; all_reduce launches only the reduction kernel (gpu mode).
+// Host path (staging "rounds"): every rank counts rounds; round n uses slot (n-1)%2 of each rank.
+// A publisher D2H-copies into its slot (after DONE from every peer for the round it last put
+// there), signals READY(n); a consumer waits READY(n), H2D-copies out of the publisher's slot,
+// signals DONE(n). Chunked by slot size, so any message size works with two slots.
+//  all_gather:  each round, every rank publishes a chunk of its block; everyone consumes all
+//               (own block too, via H2D: a same-device D2D might run on SMs).
+//  all_to_all:  each round, every rank publishes one piece per destination.
+//  broadcast:   the root publishes, the others consume.
+// P2P path (every pair p2p): push model over CUDA IPC. A reader signals ARM (its buffer may be
+// overwritten: its stream reached this op), a writer waits ARM, copies D2D straight into the
+// reader's IPC-mapped buffer, signals DATA; the reader waits DATA.
+//  all_reduce:  (one-shot, host staged, any path) every rank publishes its chunk each round;
+//               gpu: consume peers' chunks (H2D) into device scratch, then one bounded reduction
+//                    kernel (sources in rank order, result into the tensor);
+//               host: the CPU waits READY, reduces from the shared slots, H2D result, DONE.
+// No kernel runs in all_gather/all_to_all/broadcast; all_reduce launches only the reduction
+// kernel (gpu mode).
 //
 // Threading/streams: a CeGroup is not thread-safe and must be driven from one stream per group
 // (the comm stream): host-mode DONE flags are written by the CPU after synchronising that
@@ -56,6 +63,10 @@ class CeGroup {
 
   // out = concat over ranks of each rank's `bytes` from `in` (out holds world * bytes).
   void allGather(CUstream stream, CUdeviceptr out, CUdeviceptr in, size_t bytes);
+  // out block r (blockBytes each) = rank r's in block `rank` (in and out hold world blocks).
+  void allToAll(CUstream stream, CUdeviceptr out, CUdeviceptr in, size_t blockBytes);
+  // buf on every rank = root's buf.
+  void broadcast(CUstream stream, CUdeviceptr buf, size_t bytes, int root);
   // In place: buf[i] = op over ranks of buf[i]; factor for PREMUL_SUM.
   void allReduce(CUstream stream, CUdeviceptr buf, int64_t count, c10::ScalarType dtype, RedOp op, double factor);
 
@@ -66,16 +77,26 @@ class CeGroup {
  private:
   enum Flag { kReady = 0, kDone, kArm, kData, kFlagSets };
   CeSync& flags(Flag f) { return *sync_[f]; }
+  struct P2PWrite {
+    int peer;
+    size_t dstOffset;  // into the peer's destination buffer
+    CUdeviceptr src;
+    size_t bytes;
+  };
   std::vector<int> peersOn(CePath path) const;
-  void gatherHostChunked(CUstream s, CUdeviceptr out, CUdeviceptr in, size_t bytes,
-                         const std::vector<int>& hostPeers);
-  void gatherP2P(CUstream s, CUdeviceptr out, CUdeviceptr in, size_t bytes, const std::vector<int>& p2pPeers);
+  std::vector<int> everyone() const;  // every rank but this one
+  bool allP2P() const;
+  uint32_t beginRound(CUstream s, bool publish);
+  void publishReady(CUstream s, uint32_t round);
+  void stageOut(CUstream s, uint32_t round, size_t slotOffset, CUdeviceptr src, size_t len);
+  void consume(CUstream s, int from, uint32_t round, size_t slotOffset, CUdeviceptr dst, size_t len);
+  void pushP2P(CUstream s, CUdeviceptr myDst, size_t myDstBytes, const std::vector<P2PWrite>& writes,
+               const std::vector<int>& writers);
   void reduceChunkGpu(CUstream s, CUdeviceptr dst, int64_t count, c10::ScalarType dtype, RedOp op, double factor,
-                      uint32_t seq);
+                      uint32_t round);
   void reduceChunkHost(CUstream s, CUdeviceptr dst, int64_t count, c10::ScalarType dtype, RedOp op, double factor,
-                       uint32_t seq);
+                       uint32_t round);
   void hostWaitAll(Flag f, uint32_t seq, const char* what);
-  std::vector<int> everyone() const;
 
   c10::intrusive_ptr<c10d::Store> store_;
   std::string prefix_;
@@ -88,8 +109,9 @@ class CeGroup {
   std::unique_ptr<IpcRegistry> ipc_;
   std::unique_ptr<ReduceKernel> reduce_;  // gpu mode only
   std::unique_ptr<DeviceBuffer> scratch_; // gpu mode: world slots of peers' chunks
-  uint32_t published_ = 0;  // staging chunks published so far (same on every rank)
-  uint32_t opSeq_ = 0;      // p2p operations so far (same on every rank)
+  uint32_t round_ = 0;                   // staging rounds so far (same on every rank)
+  uint32_t lastRoundInSlot_[2] = {0, 0};  // round this rank last published in each slot
+  uint32_t opSeq_ = 0;                    // p2p operations so far (same on every rank)
 };
 
 #endif  // HOCCL_WITH_CUDA

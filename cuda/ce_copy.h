@@ -108,7 +108,7 @@ class HostStaging {
               size_t slotBytes, int slots, int device, std::chrono::milliseconds timeout);
   size_t slotBytes() const { return slotBytes_; }
   int slots() const { return slots_; }
-  void* hostSlot(int r, int i) const { return region_.hostPtr(slotOffset(r, i)); }
+  void* hostSlot(int r, int i, size_t offset = 0) const { return region_.hostPtr(slotOffset(r, i) + offset); }
   CUdeviceptr deviceSlot(int r, int i) const { return region_.devicePtr(slotOffset(r, i)); }
 
  private:

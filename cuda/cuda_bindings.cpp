@@ -130,6 +130,26 @@ void bindCuda(py::module& m) {
           },
           py::arg("out"), py::arg("inp"), py::arg("stream"))
       .def(
+          "all_to_all",
+          [](CeGroup& g, const at::Tensor& out, const at::Tensor& in, uint64_t stream) {
+            checkCuda(out, "output");
+            checkCuda(in, "input");
+            const size_t world = g.peers().size();
+            TORCH_CHECK(out.nbytes() == in.nbytes() && in.nbytes() % world == 0,
+                        "hoccl: all_to_all needs equal input/output sizes divisible by world");
+            py::gil_scoped_release nogil;
+            g.allToAll(asStream(stream), ptrOf(out), ptrOf(in), in.nbytes() / world);
+          },
+          py::arg("out"), py::arg("inp"), py::arg("stream"))
+      .def(
+          "broadcast",
+          [](CeGroup& g, const at::Tensor& t, int root, uint64_t stream) {
+            checkCuda(t, "tensor");
+            py::gil_scoped_release nogil;
+            g.broadcast(asStream(stream), ptrOf(t), t.nbytes(), root);
+          },
+          py::arg("tensor"), py::arg("root"), py::arg("stream"))
+      .def(
           "all_reduce",
           [](CeGroup& g, const at::Tensor& t, const std::string& op, double factor, uint64_t stream) {
             checkCuda(t, "tensor");

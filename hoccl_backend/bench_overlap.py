@@ -10,9 +10,8 @@ main stream:
   3. while every rank moves the same bytes with an SM copy (same-device `Tensor.copy_`, which
      runs on SMs on CUDA 13.0, or `--sm-copy add`: an elementwise kernel).
 It reports rank 0's GEMM TFLOP/s in each case and the slowdown against case 1 (issue floor:
-hoccl <= 3%). If the backend does not accept CUDA tensors yet, all_gather falls back to the
-cuda-ce reference collectives (hoccl_backend._C _CeGroup) and all_to_all is skipped; the
-output says which was used.
+hoccl <= 3%). If the backend does not accept CUDA tensors yet, the collectives fall back to the
+cuda-ce reference collectives (hoccl_backend._C _CeGroup); the output says which was used.
 """
 from __future__ import annotations
 
@@ -61,13 +60,10 @@ class _Comm:
         except RuntimeError as e:
             if UNROUTED not in str(e):
                 raise
-            if op != "all_gather":
-                self.via = None  # no reference all_to_all: skipped
-                return
             from hoccl_backend import cuda_ext
 
             store = dist.distributed_c10d._get_default_store()
-            self.fallback = cuda_ext.cuda_module()._CeGroup(store, "bench_overlap", rank, world, dev.index, 0)
+            self.fallback = cuda_ext.cuda_module()._CeGroup(store, "bench_overlap/" + op, rank, world, dev.index, 0)
             self.via = "cuda-ce reference (_CeGroup), core not routing CUDA yet"
 
     def _dist_call(self):
@@ -84,7 +80,11 @@ class _Comm:
         import torch
 
         if self.fallback is not None:
-            self.fallback.all_gather(self.out, self.inp, torch.cuda.current_stream().cuda_stream)
+            stream = torch.cuda.current_stream().cuda_stream
+            if self.op == "all_gather":
+                self.fallback.all_gather(self.out, self.inp, stream)
+            else:
+                self.fallback.all_to_all(self.out, self.inp, stream)
         else:
             self._dist_call()
 

@@ -5,7 +5,8 @@
     python scripts/gpu_checks.py bandwidth [--world 2]   # copy-engine path vs raw cudaMemcpyAsync
 
 Collectives go through torch.distributed (backend "hoccl") when the core accepts CUDA tensors,
-else through the cuda-ce reference collectives (_C _CeGroup: all_gather, all_reduce), and the
+else through the cuda-ce reference collectives (_C _CeGroup: all_gather, all_to_all,
+broadcast, all_reduce), and the
 output says which. Exit status 0 only if every check passed.
 """
 from __future__ import annotations
@@ -49,8 +50,11 @@ def _ops(rank, world, dev, nbytes):
     g = cuda_ext.cuda_module()._CeGroup(dist.distributed_c10d._get_default_store(), "gpu_checks", rank, world,
                                         dev.index, 0)
     s = lambda: torch.cuda.current_stream().cuda_stream  # noqa: E731
+    a2a_out = torch.empty(world * n, device=dev)
     return {
         "all_gather": lambda: g.all_gather(out, inp, s()),
+        "all_to_all": lambda: g.all_to_all(a2a_out, a2a_in, s()),
+        "broadcast": lambda: g.broadcast(inp, 0, s()),
         "all_reduce": lambda: g.all_reduce(red, "sum", 1.0, s()),
     }, "cuda-ce reference _CeGroup (core not routing CUDA yet) paths " + g.paths(), (out, inp)
 

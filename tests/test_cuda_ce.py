@@ -92,6 +92,36 @@ def _rank_all_gather(rank, world):
     return g.paths(), results
 
 
+def _rank_all_to_all_broadcast(rank, world):
+    g, dev = _group(rank, world, 64 << 10)
+    stream = torch.cuda.current_stream()
+    ok = []
+    for n in (1, 3000, 50_000):  # per block; 50_000 floats span several staging rounds
+        inp = rank_data(rank, world * n, torch.float32).to(dev)
+        out = torch.full((world * n,), -1.0, device=dev)
+        torch.cuda._sleep(10_000_000)
+        inp.mul_(1.0)  # producer kernel just before
+        g.all_to_all(out, inp, stream.cuda_stream)
+        y = out.clone()
+        torch.cuda.synchronize()
+        expected = torch.cat([rank_data(r, world * n, torch.float32)[rank * n:(rank + 1) * n] for r in range(world)])
+        ok.append(bool(torch.equal(y.cpu(), expected)))
+        for root in range(world):
+            t = rank_data(rank, n, torch.bfloat16).to(dev)
+            g.broadcast(t, root, stream.cuda_stream)
+            z = t.clone()
+            torch.cuda.synchronize()
+            ok.append(bool(torch.equal(z.cpu(), rank_data(root, n, torch.bfloat16))))
+    return g.paths(), ok
+
+
+@pytest.mark.parametrize("world", worlds())
+def test_ce_group_all_to_all_and_broadcast(world):
+    res = run_ranks(_rank_all_to_all_broadcast, world, backend="gloo", timeout=180)
+    for paths, ok in res:
+        assert all(ok), (paths, ok)
+
+
 @pytest.mark.parametrize("world", worlds())
 def test_ce_group_all_gather(world):
     res = run_ranks(_rank_all_gather, world, backend="gloo", timeout=180)
