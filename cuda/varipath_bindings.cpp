@@ -86,6 +86,7 @@ PYBIND11_MODULE(_scheduler, m) {
             meta["channel_phases"] = info.channel_phases;
             meta["merge_factor"] = info.merge_factor;
             meta["quantum_bytes"] = info.quantum_bytes;
+            meta["candidate"] = info.peer_rounds ? "peer_rounds" : "channels";
             return py::make_tuple(phases, meta);
           },
           py::arg("demand"))

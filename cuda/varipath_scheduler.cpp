@@ -24,6 +24,8 @@ std::string pair_name(int p, int n) {
 
 // Weight floor so that pairs off the bottleneck still get scheduled by volume.
 constexpr double kMinWeight = 0.05;
+// A phase led by the bottleneck pair must last at least this fraction of its longest transfer.
+constexpr double kMinSpanFraction = 0.25;
 
 }  // namespace
 
@@ -117,6 +119,25 @@ std::vector<double> Scheduler::pair_urgency(const std::vector<int64_t>& demand, 
   return w;
 }
 
+// Phase length (seconds): set by the channel's most urgent pair (the one on the most loaded
+// link), so the bottleneck link is busy for the whole phase and other pairs only fill it.  If
+// that pair has just a small remainder, fall back to the longest pair to avoid short phases.
+double Scheduler::phase_span(const std::vector<int>& chan, const std::vector<int64_t>& left,
+                             const std::vector<int64_t>& cap, const std::vector<double>& rate,
+                             const std::vector<double>& weight) const {
+  int star = -1;
+  double longest = 0.0;
+  for (int p : chan) {
+    if (left[p] <= 0) continue;
+    const double t = static_cast<double>(std::min(left[p], cap[p])) / rate[p];
+    longest = std::max(longest, t);
+    if (star < 0 || weight[p] > weight[star] || (weight[p] == weight[star] && left[p] > left[star])) star = p;
+  }
+  if (star < 0) return 0.0;
+  const double t_star = static_cast<double>(std::min(left[star], cap[star])) / rate[star];
+  return t_star >= kMinSpanFraction * longest ? t_star : longest;
+}
+
 // One greedy pass: repeatedly take the channel that moves the most urgency-weighted bytes
 // (each pair capped at `quantum` per phase).  Channel scores are updated incrementally through
 // the pair -> channels index, so a pass costs O(phases * channels + moved pairs * multiplicity).
@@ -127,10 +148,10 @@ std::vector<std::vector<int>> Scheduler::decompose(const std::vector<int64_t>& d
   // Per-pair cap: the quantum scaled by the pair's full rate, so a phase's transfers take
   // about the same time (a slow cross-socket pair gets fewer bytes than a local one).
   std::vector<int64_t> cap(demand.size(), quantum);
+  std::vector<double> rate(demand.size(), rate_Bps_);
   for (size_t p = 0; p < demand.size(); ++p) {
-    double r = rate_Bps_;
-    for (int l : pair_links_[p]) r = std::min(r, link_bw_[l]);
-    cap[p] = scale_by_rate ? std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(quantum) * (r / rate_Bps_)))
+    for (int l : pair_links_[p]) rate[p] = std::min(rate[p], link_bw_[l]);
+    cap[p] = scale_by_rate ? std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(quantum) * (rate[p] / rate_Bps_)))
                            : quantum;
   }
   std::vector<int64_t> left(demand.size(), 0);
@@ -148,11 +169,15 @@ std::vector<std::vector<int>> Scheduler::decompose(const std::vector<int64_t>& d
     size_t best = 0;
     for (size_t c = 1; c < score.size(); ++c)
       if (score[c] > score[best]) best = c;
+    // Whole-pair passes keep pairs intact; sliced passes time phases by the bottleneck pair.
+    const double span = scale_by_rate ? phase_span(chan_pairs_[best], left, cap, rate, weight)
+                                      : std::numeric_limits<double>::infinity();
     std::vector<int> pairs;
     std::vector<int64_t> amount;
     for (int p : chan_pairs_[best]) {
       if (left[p] <= 0) continue;
-      const int64_t before = std::min(left[p], cap[p]);
+      const int64_t fit = std::isinf(span) ? left[p] : std::max<int64_t>(1, static_cast<int64_t>(span * rate[p]));
+      const int64_t before = std::min(std::min(left[p], cap[p]), fit);
       left[p] -= before;
       total -= before;
       const double delta = weight[p] * static_cast<double>(before - std::min(left[p], cap[p]));
@@ -160,7 +185,13 @@ std::vector<std::vector<int>> Scheduler::decompose(const std::vector<int64_t>& d
       pairs.push_back(p);
       amount.push_back(before);
     }
-    if (pairs.empty()) throw std::logic_error("varipath::Scheduler: greedy pass made no progress");
+    if (pairs.empty()) {  // rounding residue left a stale positive score: recompute it exactly
+      double exact = 0.0;
+      for (int p : chan_pairs_[best]) exact += weight[p] * static_cast<double>(std::min(left[p], cap[p]));
+      if (exact >= score[best]) throw std::logic_error("varipath::Scheduler: greedy pass made no progress");
+      score[best] = exact;
+      continue;
+    }
     score[best] = std::max(score[best], 0.0);
     phases.push_back(std::move(pairs));
     bytes->push_back(std::move(amount));
@@ -258,6 +289,19 @@ std::vector<Phase> Scheduler::materialize(const std::vector<std::vector<int>>& c
   return out;
 }
 
+std::vector<Phase> Scheduler::peer_rounds(const std::vector<int64_t>& demand) const {
+  std::vector<Phase> out;
+  for (int k = 1; k < n_; ++k) {
+    Phase ph;
+    for (int s = 0; s < n_; ++s) {
+      const int d = (s + k) % n_;
+      if (demand[s * n_ + d] > 0) ph.push_back(Transfer{s, d, demand[s * n_ + d]});
+    }
+    if (!ph.empty()) out.push_back(std::move(ph));
+  }
+  return out;
+}
+
 std::vector<Phase> Scheduler::plan(const std::vector<int64_t>& demand) const {
   return plan_info(demand, nullptr);
 }
@@ -317,8 +361,16 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
       best_q = q;
     }
   }
+  // Peer rounds (NCCL-style pairwise exchange) as one more candidate: when the catalog's
+  // channels cannot beat them under the cost model, use them.
+  std::vector<Phase> rounds = peer_rounds(demand);
+  const double rounds_cost = estimate(rounds);
+  if (rounds_cost < best_cost * (1.0 - 1e-9)) {
+    if (info) *info = PlanInfo{rounds_cost, static_cast<int>(rounds.size()), 1, 0.0, 1};
+    return rounds;
+  }
   if (info)
-    *info = PlanInfo{best_cost, static_cast<int>(best_chans.size()), best_merge, static_cast<double>(best_q)};
+    *info = PlanInfo{best_cost, static_cast<int>(best_chans.size()), best_merge, static_cast<double>(best_q), 0};
   return materialize(best_chans, best_bytes, best_merge);
 }
 

@@ -34,6 +34,7 @@ struct PlanInfo {
   int channel_phases = 0;      // phases before merging
   int merge_factor = 1;        // consecutive channel phases fused per output phase
   double quantum_bytes = 0.0;  // per-pair byte quantum of the chosen greedy pass
+  int peer_rounds = 0;         // 1: the pairwise peer-round candidate won
 };
 
 class Scheduler {
@@ -71,6 +72,9 @@ class Scheduler {
   double merged_cost(const std::vector<std::vector<int>>& chans, const std::vector<std::vector<int64_t>>& bytes,
                      int merge, LinkScratch* ls, std::vector<int>* seen, int* stamp) const;
   double phase_cost(const Phase& phase) const;
+  double phase_span(const std::vector<int>& chan, const std::vector<int64_t>& left, const std::vector<int64_t>& cap,
+                    const std::vector<double>& rate, const std::vector<double>& weight) const;
+  std::vector<Phase> peer_rounds(const std::vector<int64_t>& demand) const;
   std::vector<Phase> materialize(const std::vector<std::vector<int>>& chans,
                                  const std::vector<std::vector<int64_t>>& bytes, int merge) const;
 
