@@ -142,11 +142,10 @@ def _sort_desc(x: torch.Tensor):
 
 
 def _group_before(values: torch.Tensor, group: torch.Tensor, ngroups: int,
-                  key: torch.Tensor) -> torch.Tensor:
+                  o1: torch.Tensor) -> torch.Tensor:
     """For items [B, P] in groups (LongTensor [P]), the sum of the values of the items of the
-    same group that precede each item in (key desc, index asc) order (key: [P], shared)."""
+    same group that precede each item in the order ``o1`` ([P], e.g. load desc), shared."""
     b, p = values.shape
-    _, o1 = _sort_desc(key)
     _, o2 = torch.sort(group[o1], stable=True)
     order = o1[o2]
     vals = values.index_select(1, order)
@@ -332,15 +331,15 @@ class TopoEPPlanner:
         T = torch.where(num > 0, T, torch.full_like(T, _BIG // (4 * R)))  # [V]
 
         cv = c.expand(V, E)
+        _, by_load = _sort_desc(c)  # experts by load desc, ties to the lower id
         # ---- stage 1: across hosts
         if H > 1:
             HL = L.view(H, G).sum(1)  # [H]
             HT = T * G  # [V]
             hx = (HL[None, :] - HT[:, None]).clamp(min=0)  # host excess [V, H]
-            before = _group_before(c[None, :], home_host, H, c)  # same for all candidates
+            before = _group_before(c[None, :], home_host, H, by_load)  # same for all
             off1 = torch.minimum(cv, (hx.index_select(1, home_host) - before).clamp(min=0))
             hspare = (HT[:, None] - HL[None, :]).clamp(min=0)
-            _, by_load = _sort_desc(c)
             inc = _cut(off1, hspare, by_load)  # [V, E, H]
             rem = cv - off1
         else:
@@ -350,7 +349,7 @@ class TopoEPPlanner:
         L1 = torch.zeros((V, R), dtype=torch.long, device=dev).scatter_add(
             1, home.expand(V, E), rem)
         gx = (L1 - T[:, None]).clamp(min=0)
-        before = _group_before(rem, home, R, c)
+        before = _group_before(rem, home, R, by_load)
         need = gx.gather(1, home.expand(V, E)) - before
         off2 = torch.where(whole[:, None], (rem * (need > 0)),
                            torch.minimum(rem, need.clamp(min=0)))
