@@ -303,8 +303,10 @@ class TopoEPMoE(nn.Module):
             loc = self.local_index[slot_e.clamp(min=0)]
             send_idx = torch.where(mine, loc, e_loc)
             owned_pad = torch.cat([owned, owned.new_zeros((1, owned.shape[1]))])
-            replicas = _Replicate.apply(owned_pad, send_idx, send_idx, owner[me], self.group)
-            weights = torch.cat([owned, replicas])  # [E_loc + S, P]
+            if self.mode == "padded":  # even splits, no host sync
+                replicas = _Replicate.apply(owned_pad, send_idx, send_idx, owner[me],
+                                            self.group)
+                weights = torch.cat([owned, replicas])  # [E_loc + S, P]
         # weight row used here for expert e (home row, else first slot holding it, else -1)
         widx = self.local_index.clone()
         if self.balance:
@@ -333,8 +335,28 @@ class TopoEPMoE(nn.Module):
             nw = e_loc + S
             per_w = torch.zeros(nw + 1, dtype=torch.long, device=dev).scatter_add_(
                 0, torch.where(widx >= 0, widx, nw), recv_cnt_se.sum(0))[:nw]
-            meta = torch.cat([send_cnt, recv_cnt_se.sum(1), per_w]).tolist()  # one host read
-            in_splits, out_splits, per_w = meta[:R], meta[R:2 * R], meta[2 * R:]
+            if self.balance:  # replica weights: only the owners' rows travel
+                w_in = mine.sum(1)  # [R] rows I send to each rank
+                w_out = torch.zeros(R, dtype=torch.long, device=dev).scatter_add_(
+                    0, owner[me].clamp(min=0), (owner[me] >= 0).long())
+            else:
+                w_in = w_out = torch.zeros(R, dtype=torch.long, device=dev)
+            meta = torch.cat([send_cnt, recv_cnt_se.sum(1), w_in, w_out, per_w]).tolist()
+            # ^ the one host read of this layer
+            in_splits, out_splits = meta[:R], meta[R:2 * R]
+            w_in_h, w_out_h, per_w = meta[2 * R:3 * R], meta[3 * R:4 * R], meta[4 * R:]
+            if self.balance:
+                ar = torch.arange(R * S, device=dev)
+                _, so = torch.sort(torch.where(mine.reshape(-1), ar, R * S + ar))
+                send_rows = send_idx.reshape(-1).index_select(0, so[:sum(w_in_h)])
+                wsend = owned_pad.index_select(0, send_rows)
+                wrecv = _A2A.apply(wsend, sum(w_out_h), w_out_h, w_in_h, self.group)
+                s_ar = torch.arange(S, device=dev)
+                om = owner[me]
+                _, ro = torch.sort(torch.where(om >= 0, om * S + s_ar, R * S + s_ar))
+                replicas = owned.new_zeros((S, owned.shape[1])).index_copy(
+                    0, ro[:sum(w_out_h)], wrecv)
+                weights = torch.cat([owned, replicas])
             recv = _A2A.apply(rows, sum(out_splits), out_splits, in_splits, self.group)
             row_w = torch.repeat_interleave(widx.repeat(R), recv_cnt_se.reshape(-1),
                                             output_size=recv.shape[0])
