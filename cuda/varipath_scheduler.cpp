@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <queue>
 #include <stdexcept>
 #include <string>
 
@@ -164,11 +165,18 @@ std::vector<std::vector<int>> Scheduler::decompose(const std::vector<int64_t>& d
   std::vector<double> score(chan_pairs_.size(), 0.0);
   for (size_t c = 0; c < chan_pairs_.size(); ++c)
     for (int p : chan_pairs_[c]) score[c] += weight[p] * static_cast<double>(std::min(left[p], cap[p]));
+  // Lazy max-heap of (score, -channel): scores only decrease, so an entry whose score still
+  // matches is the true maximum; ties go to the lowest channel index (deterministic).
+  std::priority_queue<std::pair<double, int>> heap;
+  for (size_t c = 0; c < score.size(); ++c) heap.push({score[c], -static_cast<int>(c)});
   std::vector<std::vector<int>> phases;
   while (total > 0) {
-    size_t best = 0;
-    for (size_t c = 1; c < score.size(); ++c)
-      if (score[c] > score[best]) best = c;
+    while (heap.top().first != score[-heap.top().second]) {
+      const int c = -heap.top().second;
+      heap.pop();
+      heap.push({score[c], -c});
+    }
+    const size_t best = static_cast<size_t>(-heap.top().second);
     // Whole-pair passes keep pairs intact; sliced passes time phases by the bottleneck pair.
     const double span = scale_by_rate ? phase_span(chan_pairs_[best], left, cap, rate, weight)
                                       : std::numeric_limits<double>::infinity();
@@ -319,7 +327,7 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
   // bottleneck link stays busy in every phase even when a few pairs dominate (skew).
   const double lb_bytes = bound_s * rate_Bps_;
   std::vector<int64_t> quanta = {top};
-  for (double k : {1.0, 2.0}) {
+  for (double k : {1.0}) {
     const int64_t q = static_cast<int64_t>(std::ceil(lb_bytes / (k * n_)));
     if (q > 0 && q < top && std::find(quanta.begin(), quanta.end(), q) == quanta.end()) quanta.push_back(q);
   }

@@ -28,7 +28,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from . import analyzer as an
 from .topology import Topology, gpu_index_list
 
-CACHE_VERSION = 6
+CACHE_VERSION = 7
 Pair = Tuple[int, int]
 
 
@@ -198,8 +198,11 @@ def working_set(topo: Topology, max_intra: int = 400) -> List[List[Pair]]:
     if topo.name.startswith("flat"):
         n = topo.num_gpus
         return [[(s, d) for s in range(n) for d in range(n) if s != d]]
-    data = _cached(topo, f"work{max_intra}", lambda: {"channels": _build_working_set(topo, max_intra)})
-    return [[tuple(p) for p in c] for c in data["channels"]]
+    n = topo.num_gpus
+    # stored as pair ids s*n+d: compact JSON, fast to load at process-group creation
+    data = _cached(topo, f"work{max_intra}",
+                   lambda: {"channels": [[s * n + d for s, d in c] for c in _build_working_set(topo, max_intra)]})
+    return [[divmod(p, n) for p in c] for c in data["channels"]]
 
 
 def _build_working_set(topo: Topology, max_intra: int) -> List[List[Pair]]:
