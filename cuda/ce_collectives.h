@@ -26,6 +26,7 @@
 // Threading/streams: a CeGroup is not thread-safe and must be driven from one stream per group
 // (the comm stream): host-mode DONE flags are written by the CPU after synchronising that
 // stream, and an older stream-ordered write on another stream could move a flag backwards.
+// Destroy only after the stream's work finished (it unregisters memory the copies use).
 // CUDA graph capture is refused (see docs/cuda.md).
 #pragma once
 #include <torch/csrc/distributed/c10d/Store.hpp>
