@@ -7,6 +7,8 @@
 #include <map>
 #include <stdexcept>
 
+#include "cuda_bindings.h"
+
 #include "ce_collectives.h"
 #include "ce_copy.h"
 #include "ce_reduce.h"
