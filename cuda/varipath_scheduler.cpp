@@ -81,6 +81,9 @@ void Scheduler::set_cost_model(const CostModel& model) {
   if (model.eta_beta < 0.0 || model.eta_min <= 0.0 || model.eta_min > 1.0 || model.copy_engines < 0)
     throw std::invalid_argument("varipath::Scheduler::set_cost_model: need eta_beta >= 0, 0 < eta_min <= 1, copy_engines >= 0");
   model_ = model;
+  eta_table_.assign(static_cast<size_t>(n_) * 4 + 2, 1.0);
+  for (size_t k = 2; k < eta_table_.size(); ++k)
+    eta_table_[k] = std::max(model_.eta_min, 1.0 - model_.eta_beta * std::log2(static_cast<double>(k)));
 }
 
 void Scheduler::validate_demand(const std::vector<int64_t>& demand) const {
@@ -224,16 +227,21 @@ void Scheduler::add_transfer(LinkScratch* ls, int pair, int64_t bytes, bool new_
   }
 }
 
+// eta(k) of the contention model, tabulated (log2 per link and phase showed up in profiles).
+double Scheduler::eta(int k) const {
+  if (model_.eta_beta <= 0.0) return 1.0;
+  if (static_cast<size_t>(k) < eta_table_.size()) return eta_table_[k];
+  return std::max(model_.eta_min, 1.0 - model_.eta_beta * std::log2(static_cast<double>(k)));
+}
+
 // Drains the scratch: returns the phase's start latency plus its most congested link's time
 // (bandwidth derated by eta(k) under the contention model).
 double Scheduler::drain_cost(LinkScratch* ls) const {
   if (ls->touched.empty()) return 0.0;
   double worst = 0.0;
   for (int l : ls->touched) {
-    double cap = link_bw_[l];
     const int k = ls->flows[l];
-    if (k > 1 && model_.eta_beta > 0.0)
-      cap *= std::max(model_.eta_min, 1.0 - model_.eta_beta * std::log2(static_cast<double>(k)));
+    const double cap = link_bw_[l] * (k > 1 ? eta(k) : 1.0);
     worst = std::max(worst, ls->load[l] / cap);
     ls->load[l] = 0.0;
     ls->flows[l] = 0;

@@ -69,6 +69,7 @@ class Scheduler {
   struct LinkScratch;
   void add_transfer(LinkScratch* ls, int pair, int64_t bytes, bool new_flow) const;
   double drain_cost(LinkScratch* ls) const;
+  double eta(int k) const;
   double merged_cost(const std::vector<std::vector<int>>& chans, const std::vector<std::vector<int64_t>>& bytes,
                      int merge, LinkScratch* ls, std::vector<int>* seen, int* stamp) const;
   double phase_cost(const Phase& phase) const;
@@ -86,6 +87,7 @@ class Scheduler {
   std::vector<double> link_bw_;                // directed link capacities
   std::vector<std::vector<int>> pair_links_;   // pair id -> link indices
   CostModel model_;
+  std::vector<double> eta_table_;  // eta(k) for small k under model_
 };
 
 }  // namespace varipath

@@ -109,6 +109,27 @@ def summary(records: List[dict], out=None) -> dict:
     return res
 
 
+def markdown_summary(records: List[dict]) -> str:
+    """Condensed README table: per (preset, hosts, model) the worst VP/LB from 16 MB up, the
+    worst VP/best-baseline at any size, and geometric-mean speed-ups over each baseline."""
+    import math
+
+    groups = _group(records)
+    keys = sorted({(k[0], k[1], k[4]) for k in groups})
+    lines = ["| preset | hosts | model | cases | worst VP/LB (>=16MB) | worst VP/best baseline | "
+             "speed-up vs direct | vs pairwise | vs FAST |", "|---|---|---|---|---|---|---|---|---|"]
+    for preset, hosts, model in keys:
+        rows = [g for k, g in groups.items() if (k[0], k[1], k[4]) == (preset, hosts, model)]
+        big = [g for k, g in groups.items() if (k[0], k[1], k[4]) == (preset, hosts, model) and k[3] >= 16 * MB]
+        lb = max((g["varipath"]["time_s"] / g["varipath"]["lower_bound_s"] for g in big), default=float("nan"))
+        worst = max(g["varipath"]["time_s"] / min(g[a]["time_s"] for a in baselines.BASELINES) for g in rows)
+        sp = [math.exp(sum(math.log(g[a]["time_s"] / g["varipath"]["time_s"]) for g in rows) / len(rows))
+              for a in ("direct", "pairwise", "fast")]
+        lines.append(f"| {preset} | {hosts} | {model} | {len(rows)} | {lb:.3f} | {worst:.3f} | "
+                     f"{sp[0]:.2f}x | {sp[1]:.2f}x | {sp[2]:.2f}x |")
+    return "\n".join(lines)
+
+
 def planning_table(presets: Sequence[str], host_counts: Sequence[int], repeats: int, out=None) -> List[dict]:
     """Median / best C++ planning time for uniform and MoE demand at several rank counts."""
     out = out or sys.stdout
@@ -171,9 +192,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--plan-repeats", type=int, default=21)
     ap.add_argument("--catalog", action="store_true", help="also print catalog sizes (1/2/4/32 hosts)")
     ap.add_argument("--no-planning", action="store_true", help="skip the planning-time table")
+    ap.add_argument("--markdown", action="store_true", help="also print the condensed markdown summary")
+    ap.add_argument("--from-json", help="re-render tables from a --json file instead of simulating")
     args = ap.parse_args(argv)
     if args.quick:
         args.hosts, args.sizes = "1", "1M,16M,256M"
+    if args.from_json:
+        with open(args.from_json) as f:
+            records = json.load(f)
+        print_table(records)
+        summary(records)
+        print(markdown_summary(records))
+        return 0
     presets = args.presets.split(",")
     hosts = [int(h) for h in args.hosts.split(",")]
     t_start = time.perf_counter()
@@ -198,7 +228,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     records += run_case(topo, name, h, traffic, size, args.models.split(","), args.plan_repeats)
     print_table(records)
     print()
-    summ = summary(records)
+    summary(records)
+    if args.markdown:
+        print("\n" + markdown_summary(records))
     print(f"\nwall time {time.perf_counter() - t_start:.1f} s")
     if args.json_path:
         with open(args.json_path, "w") as f:
