@@ -318,6 +318,15 @@ class TopoEPPlanner:
 
     def __call__(self, counts: torch.Tensor) -> TopoEPPlan:
         self.check_counts(counts)
+        with torch.inference_mode():  # integer work only: skip autograd bookkeeping per op
+            p = self._plan(counts)
+        # hand out ordinary tensors (inference tensors cannot be saved for backward later)
+        for name in ("slot_expert", "slot_tokens", "expert_gpu", "load", "home_load",
+                     "candidate", "flow", "copy_index"):
+            setattr(p, name, getattr(p, name).clone())
+        return p
+
+    def _plan(self, counts: torch.Tensor) -> TopoEPPlan:
         dev = counts.device
         E, H, G, S, R = self.E, self.H, self.G, self.S, self.R
         home, home_host, num, den, capped, whole = self._consts(dev)
@@ -367,7 +376,7 @@ class TopoEPPlanner:
         pieces = kv // E
         spare = (T[:, None] - L1).clamp(min=0).reshape(V * H, G)
         va = len(_APPORTION) * H
-        cap_b = capped.repeat_interleave(H)
+        cap_b = capped[:, None].expand(-1, H).reshape(-1)
         pa, pc = pieces[:va], pieces[va:]
         sa, sc = spare[:va], spare[va:]
         slot_pos, slot_a = [], []
@@ -383,7 +392,8 @@ class TopoEPPlanner:
         pe = porder_b[va:]
         hl = torch.where(home_host[pe] == torch.arange(V * H, device=dev)[va:, None] % H,
                          home[pe] % G, -1)
-        cpos, camt, chome = _cut_slots(eff, sc, S, hl, whole[len(_APPORTION):].repeat_interleave(H))
+        last = whole[len(_APPORTION):, None].expand(-1, H).reshape(-1)
+        cpos, camt, chome = _cut_slots(eff, sc, S, hl, last)
         for k in range(S):
             slot_pos[k] = torch.cat([slot_pos[k], cpos[:, :, k]])
             slot_a[k] = torch.cat([slot_a[k], camt[:, :, k]])
@@ -445,7 +455,7 @@ def _split_tokens(counts, home_amt, home, slot_expert, slot_tokens, H: int, G: i
     R, E = counts.shape
     S = slot_expert.shape[1]
     dev = counts.device
-    gpu = torch.cat([home, torch.arange(R, device=dev).repeat_interleave(S)])  # [C]
+    gpu = torch.cat([home, torch.arange(R * S, device=dev) // S])  # [C]
     exp = torch.cat([torch.arange(E, device=dev), slot_expert.reshape(-1) % (E + 1)])
     # int32 inside (token counts per layer < 2**31): half the memory traffic
     amt = torch.cat([home_amt, slot_tokens.reshape(-1)]).to(torch.int32)
