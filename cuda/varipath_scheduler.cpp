@@ -214,15 +214,17 @@ std::vector<std::vector<int>> Scheduler::decompose(const std::vector<int64_t>& d
 // phase is O(transfers * path length), not O(links).
 struct Scheduler::LinkScratch {
   std::vector<double> load;
+  std::vector<double> sq;   // sum of squared flow sizes: gives the effective flow count
   std::vector<int> flows;
   std::vector<int> touched;
-  explicit LinkScratch(size_t links) : load(links, 0.0), flows(links, 0) {}
+  explicit LinkScratch(size_t links) : load(links, 0.0), sq(links, 0.0), flows(links, 0) {}
 };
 
 void Scheduler::add_transfer(LinkScratch* ls, int pair, int64_t bytes, bool new_flow) const {
   for (int l : pair_links_[pair]) {
     if (ls->flows[l] == 0 && ls->load[l] == 0.0) ls->touched.push_back(l);
     ls->load[l] += static_cast<double>(bytes);
+    ls->sq[l] += static_cast<double>(bytes) * static_cast<double>(bytes);
     if (new_flow) ls->flows[l] += 1;
   }
 }
@@ -240,10 +242,14 @@ double Scheduler::drain_cost(LinkScratch* ls) const {
   if (ls->touched.empty()) return 0.0;
   double worst = 0.0;
   for (int l : ls->touched) {
-    const int k = ls->flows[l];
+    // Flows of unequal size leave the link one by one, so contention is charged for the
+    // load-weighted (participation-ratio) flow count (sum b)^2 / sum b^2, not the initial count.
+    const double k_eff = ls->sq[l] > 0.0 ? ls->load[l] * ls->load[l] / ls->sq[l] : 1.0;
+    const int k = std::min(ls->flows[l], std::max(1, static_cast<int>(std::lround(k_eff))));
     const double cap = link_bw_[l] * (k > 1 ? eta(k) : 1.0);
     worst = std::max(worst, ls->load[l] / cap);
     ls->load[l] = 0.0;
+    ls->sq[l] = 0.0;
     ls->flows[l] = 0;
   }
   ls->touched.clear();
@@ -354,12 +360,25 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
     // Merge factors 1, 2, 4, ... all phases; the cost is unimodal in practice, so stop once it
     // has risen twice in a row.  "All" is always tried: it is the single-phase (direct) plan.
     double prev = std::numeric_limits<double>::infinity();
+    double serial = 0.0;  // cost with merge factor 1
     int rises = 0, chosen = 0;
     double chosen_cost = std::numeric_limits<double>::infinity();
     for (int merge = 1;; merge *= 2) {
       const int m = std::min(merge, count);
       if (rises < 2 || m == count) {
-        const double cost = merged_cost(chans, bytes, m, &ls, &seen, &stamp);
+        double cost;
+        if (model_.copy_engines > 0 && m > 1) {
+          // Copy-engine queues: a fused phase runs its channels partly one after another
+          // (C transfers per source at a time, in channel order), so it is only partly
+          // credited with the link sharing a fluid model would give it.
+          // Blend with the fluid estimate: queues overlap some of the channels' transfers.
+          const int groups = (count + m - 1) / m;
+          const double queued = serial - static_cast<double>(count - groups) * latency_s_;
+          cost = 0.5 * (queued + merged_cost(chans, bytes, m, &ls, &seen, &stamp));
+        } else {
+          cost = merged_cost(chans, bytes, m, &ls, &seen, &stamp);
+        }
+        if (m == 1) serial = cost;
         rises = cost > prev ? rises + 1 : 0;
         prev = cost;
         if (cost < chosen_cost * (1.0 - 1e-12)) {

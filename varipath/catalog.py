@@ -23,7 +23,7 @@ import math
 import os
 import time
 from collections import deque
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 from . import analyzer as an
 from .topology import Topology, gpu_index_list
