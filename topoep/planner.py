@@ -39,7 +39,7 @@ class TopoEPPlan:
     slot_expert: LongTensor [R, S], expert held by each replica slot (-1 = empty).
     slot_tokens: LongTensor [R, S], tokens the slot processes (summed over sources).
     tokens:      LongTensor [R, E, R], tokens[r, e, g] from source rank r for expert e on GPU g.
-                 Built on first access from the compact form (``flow`` [R, C]: tokens of each
+                 Built on first access from the compact form (``flow`` int32 [R, C]: tokens of each
                  source for each expert copy; ``copy_index`` [C] = e * R + g of each copy),
                  so planning itself never writes the R*E*R dense tensor.
     expert_gpu:  LongTensor [E, R], tokens of expert e processed on GPU g (= tokens.sum(0)).
