@@ -6,6 +6,8 @@ c10d::Backend base-class binding).
 """
 import glob
 import os
+import subprocess
+import sys
 
 from setuptools import find_packages, setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension
@@ -28,12 +30,23 @@ def cuda_defines():
     return [], []
 
 
+def reduce_kernel_sources(with_cuda):
+    """nvcc-compiles cuda/kernels/reduce.cu into an embedded-fatbin C++ source (none without nvcc:
+    then the GPU reduction kernel is unavailable and HOCCL_REDUCE_ON=host is the only option)."""
+    if not with_cuda or os.environ.get("HOCCL_NO_NVCC"):
+        return []
+    out = os.path.join("build", "generated", "reduce_fatbin.cpp")
+    rc = subprocess.call([sys.executable, os.path.join(HERE, "scripts", "embed_kernel.py"), "--out", out])
+    return [out] if rc == 0 and os.path.exists(out) else []
+
+
 macros, cuda_includes = cuda_defines()
+kernel_sources = reduce_kernel_sources(bool(macros))
 
 ext_modules = [
     CppExtension(
         "hoccl_backend._C",
-        core_sources(),
+        core_sources() + kernel_sources,
         include_dirs=[os.path.join(HERE, "cuda")] + cuda_includes,
         define_macros=macros,
         extra_compile_args=CXX_FLAGS,

@@ -3,6 +3,7 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "cuda_bindings.h"
 #include "plan.h"
 #include "process_group.h"
 
@@ -46,6 +47,7 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("kind"), py::arg("rank"), py::arg("world"), py::arg("bytes"), py::arg("elem_size") = 4,
       py::arg("slot_bytes") = 4 << 20, py::arg("root") = 0, py::arg("one_shot_max_bytes") = 64 << 10);
+  bindCuda(m);
 #ifdef HOCCL_WITH_CUDA
   m.attr("built_with_cuda") = true;
 #else

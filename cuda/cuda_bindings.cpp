@@ -163,11 +163,3 @@ void bindCuda(py::module& m) {
       .def("paths", &CeGroup::describePaths);
 #endif
 }
-
-// Until the core calls bindCuda(m) from hoccl_backend._C, the same shared object also exports a
-// second module init, loaded by hoccl_backend.cuda_ext (ExtensionFileLoader on _C's file).
-// Harmless to keep afterwards; drop it once bindings.cpp calls bindCuda.
-PYBIND11_MODULE(_C_cuda, m) {
-  m.doc() = "hoccl cuda-ce pieces (driver loader, copy paths, reduction kernel)";
-  bindCuda(m);
-}

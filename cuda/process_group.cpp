@@ -1,6 +1,7 @@
 #include "process_group.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/StreamGuard.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <unistd.h>
 
@@ -28,12 +29,14 @@ WorkHOCCL::WorkHOCCL(int rank, c10d::OpType type, std::vector<at::Tensor> output
 
 void WorkHOCCL::complete(std::exception_ptr error, int sourceRank) {
   sourceRank_ = sourceRank;
+  // CUDA: the future records its events on the comm stream, so consumers wait on the op.
+  c10::OptionalStreamGuard guard(commStream_);
   if (error) future_->setError(error);
   else future_->markCompleted(c10::IValue(outputs_));
   finish(error);
 }
 
-WorkGroupHOCCL::WorkGroupHOCCL(int rank, std::vector<c10::intrusive_ptr<WorkHOCCL>> works)
+WorkGroupHOCCL::WorkGroupHOCCL(int rank, std::vector<c10::intrusive_ptr<c10d::Work>> works)
     : c10d::Work(rank, c10d::OpType::COALESCED), works_(std::move(works)) {}
 
 bool WorkGroupHOCCL::isCompleted() {
@@ -179,7 +182,7 @@ static void checkSingleHost(const c10::intrusive_ptr<c10d::Store>& store, int ra
 
 ProcessGroupHOCCL::ProcessGroupHOCCL(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                      int size, std::chrono::milliseconds timeout)
-    : c10d::Backend(rank, size), timeout_(timeout), config_(HocclConfig::fromEnv(size)) {
+    : c10d::Backend(rank, size), timeout_(timeout), store_(store), config_(HocclConfig::fromEnv(size)) {
   checkSingleHost(store, rank, size, timeout);
   group_ = std::make_unique<ShmGroup>(store, rank, size, config_.shm, timeout);
   executor_ = std::make_unique<Executor>(*group_);
@@ -222,6 +225,10 @@ std::string ProcessGroupHOCCL::lastAlgorithm() const {
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::enqueue(c10d::OpType type, std::vector<at::Tensor> outputs,
                                                           Body body, int64_t bytes) {
   auto work = c10::make_intrusive<WorkHOCCL>(rank_, type, std::move(outputs));
+  if (capturing()) {  // host mirrors of a CUDA op: hand the body to the CUDA stream manager
+    storeCapture(std::move(body));
+    return work;
+  }
   {
     std::lock_guard<std::mutex> lock(queueMutex_);
     TORCH_CHECK(!stopping_, "hoccl: rank ", rank_, ": the process group was shut down");
@@ -280,11 +287,12 @@ void ProcessGroupHOCCL::startCoalescing() {
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::endCoalescing() {
-  std::vector<c10::intrusive_ptr<WorkHOCCL>> works;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
   {
     std::lock_guard<std::mutex> lock(queueMutex_);
     coalescing_ = false;
-    works.swap(coalesced_);
+    for (auto& w : coalesced_) works.push_back(w);
+    coalesced_.clear();
   }
   return c10::make_intrusive<WorkGroupHOCCL>(rank_, std::move(works));
 }
@@ -472,10 +480,8 @@ namespace {
 void checkTensor(const at::Tensor& t, const char* op, int rank) {
   TORCH_CHECK(t.defined(), "hoccl ", op, " on rank ", rank, ": undefined tensor");
   TORCH_CHECK(t.device().is_cpu(), "hoccl ", op, " on rank ", rank, ": tensor is on ", t.device(),
-              "; this build moves CPU tensors only (CUDA tensors: use backend='cpu:hoccl,cuda:gloo' "
-              "or the cuda-ce transport when it is available)");
+              "; hoccl moves CPU and CUDA tensors only");
   TORCH_CHECK(!t.is_sparse(), "hoccl ", op, " on rank ", rank, ": sparse tensors are not supported");
-  TORCH_CHECK(!t.is_complex() || true, "");
 }
 
 void checkSameAs(const at::Tensor& t, const at::Tensor& ref, const char* op, int rank, const char* what) {
@@ -485,8 +491,14 @@ void checkSameAs(const at::Tensor& t, const at::Tensor& ref, const char* op, int
               " elements but the input has ", ref.numel());
 }
 
+// Complex tensors reduce as their real view (sums only: the other ops are not elementwise).
+at::Tensor reducible(const at::Tensor& t) { return t.is_complex() ? at::view_as_real(t) : t; }
+
 void checkReduceArgs(const at::Tensor& t, RedOp op, const char* opName, int rank) {
-  std::string why = checkReducible(t.scalar_type(), op);
+  if (t.is_complex())
+    TORCH_CHECK(op == RedOp::Sum || op == RedOp::Avg || op == RedOp::PremulSum, "hoccl ", opName, " on rank ",
+                rank, ": ", redOpName(op), " is not defined for complex tensors");
+  std::string why = checkReducible(reducible(t).scalar_type(), op);
   TORCH_CHECK(why.empty(), "hoccl ", opName, " on rank ", rank, ": ", why);
 }
 
@@ -499,7 +511,14 @@ void checkRoot(int root, int size, const char* op, int rank) {
 
 // ---------------------------------------------------------------- collectives
 
-void ProcessGroupHOCCL::allreduceTensor(const at::Tensor& tensor, RedOp op, double factor) {
+static bool anyCudaTensor(const std::vector<at::Tensor>& ts) {
+  for (const auto& t : ts)
+    if (t.defined() && t.is_cuda()) return true;
+  return false;
+}
+
+void ProcessGroupHOCCL::allreduceTensor(const at::Tensor& t, RedOp op, double factor) {
+  const at::Tensor tensor = reducible(t);
   Collective c{"all_reduce"};
   c.req.kind = OpKind::AllReduce;
   c.req.elemSize = tensor.element_size();
@@ -516,9 +535,16 @@ void ProcessGroupHOCCL::allreduceTensor(const at::Tensor& tensor, RedOp op, doub
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allreduce(std::vector<at::Tensor>& tensors,
                                                             const c10d::AllreduceOptions& opts) {
   TORCH_CHECK(tensors.size() == 1, "hoccl all_reduce on rank ", rank_, ": expects one tensor, got ", tensors.size());
-  checkTensor(tensors[0], "all_reduce", rank_);
   double factor;
   RedOp op = toRedOp(opts.reduceOp, &factor, "all_reduce");
+  if (auto w = tryCuda("all_reduce", c10d::OpType::ALLREDUCE, tensors, tensors,
+                       [&](const std::vector<at::Tensor>&, const std::vector<at::Tensor>& ho) {
+                         std::vector<at::Tensor> v{ho[0]};
+                         allreduce(v, opts);
+                       },
+                       tensors[0].is_complex() ? nullptr : ceAllReduce(tensors[0], op, factor)))
+    return *w;
+  checkTensor(tensors[0], "all_reduce", rank_);
   checkReduceArgs(tensors[0], op, "all_reduce", rank_);
   Staged s(tensors[0]);
   return enqueue(c10d::OpType::ALLREDUCE, tensors, [this, s, op, factor] {
@@ -529,6 +555,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allreduce(std::vector<at::Tens
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  if (anyCudaTensor(tensors)) {
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    for (auto& t : tensors) {
+      std::vector<at::Tensor> v{t};
+      works.push_back(allreduce(v, opts));
+    }
+    return c10::make_intrusive<WorkGroupHOCCL>(rank_, std::move(works));
+  }
   double factor;
   RedOp op = toRedOp(opts.reduceOp, &factor, "allreduce_coalesced");
   std::vector<Staged> staged;
@@ -548,8 +582,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allreduce_coalesced(
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::broadcast(std::vector<at::Tensor>& tensors,
                                                             const c10d::BroadcastOptions& opts) {
   TORCH_CHECK(tensors.size() == 1, "hoccl broadcast on rank ", rank_, ": expects one tensor");
-  checkTensor(tensors[0], "broadcast", rank_);
   checkRoot(static_cast<int>(opts.rootRank), size_, "broadcast", rank_);
+  if (auto w = tryCuda("broadcast", c10d::OpType::BROADCAST, tensors, tensors,
+                       [&](const std::vector<at::Tensor>&, const std::vector<at::Tensor>& ho) {
+                         std::vector<at::Tensor> v{ho[0]};
+                         broadcast(v, opts);
+                       },
+                       ceBroadcast(tensors[0], static_cast<int>(opts.rootRank))))
+    return *w;
+  checkTensor(tensors[0], "broadcast", rank_);
   Staged s(tensors[0]);
   int root = static_cast<int>(opts.rootRank);
   return enqueue(c10d::OpType::BROADCAST, tensors, [this, s, root] {
@@ -569,6 +610,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::broadcast(std::vector<at::Tens
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::reduce(std::vector<at::Tensor>& tensors,
                                                          const c10d::ReduceOptions& opts) {
   TORCH_CHECK(tensors.size() == 1, "hoccl reduce on rank ", rank_, ": expects one tensor");
+  if (auto w = tryCuda("reduce", c10d::OpType::REDUCE, tensors, tensors,
+                       [&](const std::vector<at::Tensor>&, const std::vector<at::Tensor>& ho) {
+                         std::vector<at::Tensor> v{ho[0]};
+                         reduce(v, opts);
+                       }))
+    return *w;
   checkTensor(tensors[0], "reduce", rank_);
   checkRoot(static_cast<int>(opts.rootRank), size_, "reduce", rank_);
   double factor;
@@ -577,16 +624,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::reduce(std::vector<at::Tensor>
   Staged s(tensors[0]);
   int root = static_cast<int>(opts.rootRank);
   return enqueue(c10d::OpType::REDUCE, tensors, [this, s, root, op, factor] {
+    const at::Tensor t = reducible(s.work);
     Collective c{"reduce"};
     c.req.kind = OpKind::Reduce;
     c.req.root = root;
-    c.req.elemSize = s.work.element_size();
-    c.req.bytes = nbytes(s.work);
-    c.ctx.in = c.ctx.out = {ptr(s.work)};
-    c.ctx.dtype = s.work.scalar_type();
+    c.req.elemSize = t.element_size();
+    c.req.bytes = nbytes(t);
+    c.ctx.in = c.ctx.out = {ptr(t)};
+    c.ctx.dtype = t.scalar_type();
     c.ctx.op = op;
     c.ctx.factor = factor;
-    c.ctx.desc.numel = s.work.numel();
+    c.ctx.desc.numel = t.numel();
     runCollective(c);
     s.writeBack();
   }, nbytes(tensors[0]));
@@ -613,6 +661,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allgather(std::vector<std::vec
                                                             const c10d::AllgatherOptions&) {
   TORCH_CHECK(inputs.size() == 1 && outputs.size() == 1, "hoccl all_gather on rank ", rank_,
               ": expects one input and one output list");
+  if (auto w = tryCuda("all_gather", c10d::OpType::ALLGATHER, inputs, outputs[0],
+                       [&](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
+                         std::vector<std::vector<at::Tensor>> o{ho};
+                         std::vector<at::Tensor> i{hi[0]};
+                         allgather(o, i, c10d::AllgatherOptions());
+                       }))
+    return *w;
   checkTensor(inputs[0], "all_gather", rank_);
   TORCH_CHECK(static_cast<int>(outputs[0].size()) == size_, "hoccl all_gather on rank ", rank_,
               ": output list has ", outputs[0].size(), " tensors but the group has ", size_, " ranks");
@@ -632,7 +687,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allgather(std::vector<std::vec
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::_allgather_base(at::Tensor& output, at::Tensor& input,
-                                                                  const c10d::AllgatherOptions&) {
+                                                                  const c10d::AllgatherOptions& opts) {
+  if (auto w = tryCuda("all_gather_into_tensor", c10d::OpType::_ALLGATHER_BASE, {input}, {output},
+                       [&](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
+                         at::Tensor o = ho[0], i = hi[0];
+                         _allgather_base(o, i, opts);
+                       },
+                       output.numel() == input.numel() * size_ && output.scalar_type() == input.scalar_type()
+                           ? ceAllGather(output, input) : nullptr))
+    return *w;
   checkTensor(input, "all_gather_into_tensor", rank_);
   checkTensor(output, "all_gather_into_tensor", rank_);
   TORCH_CHECK(output.scalar_type() == input.scalar_type(), "hoccl all_gather_into_tensor on rank ", rank_,
@@ -657,27 +720,29 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allgather_into_tensor_coalesce
               ": ", outputs.size(), " outputs for ", inputs.size(), " inputs");
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
   for (size_t i = 0; i < inputs.size(); ++i) works.push_back(_allgather_base(outputs[i], inputs[i], opts));
-  return enqueue(c10d::OpType::COALESCED, outputs, [works] {
-    for (auto& w : works) w->wait();
-  });
+  return c10::make_intrusive<WorkGroupHOCCL>(rank_, std::move(works));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& outputLists, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
-  TORCH_CHECK(outputLists.size() == inputs.size(), "hoccl allgather_coalesced on rank ", rank_,
-              ": ", outputLists.size(), " output lists for ", inputs.size(), " inputs");
+  // outputLists[r][i] receives rank r's inputs[i].
+  TORCH_CHECK(static_cast<int>(outputLists.size()) == size_, "hoccl allgather_coalesced on rank ", rank_,
+              ": ", outputLists.size(), " output lists for a group of ", size_, " ranks");
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
   std::vector<at::Tensor> all;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    std::vector<std::vector<at::Tensor>> o{outputLists[i]};
+    std::vector<std::vector<at::Tensor>> o(1);
+    for (int r = 0; r < size_; ++r) {
+      TORCH_CHECK(outputLists[r].size() == inputs.size(), "hoccl allgather_coalesced on rank ", rank_,
+                  ": output list ", r, " has ", outputLists[r].size(), " tensors for ", inputs.size(), " inputs");
+      o[0].push_back(outputLists[r][i]);
+      all.push_back(outputLists[r][i]);
+    }
     std::vector<at::Tensor> in{inputs[i]};
     works.push_back(allgather(o, in, opts));
-    for (auto& t : outputLists[i]) all.push_back(t);
   }
-  return enqueue(c10d::OpType::ALLGATHER_COALESCED, all, [works] {
-    for (auto& w : works) w->wait();
-  });
+  return c10::make_intrusive<WorkGroupHOCCL>(rank_, std::move(works));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::gather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -686,6 +751,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::gather(std::vector<std::vector
   int root = static_cast<int>(opts.rootRank);
   checkRoot(root, size_, "gather", rank_);
   TORCH_CHECK(inputs.size() == 1, "hoccl gather on rank ", rank_, ": expects one input tensor");
+  if (auto w = tryCuda("gather", c10d::OpType::GATHER, inputs, outputs.empty() ? std::vector<at::Tensor>{} : outputs[0],
+                       [&](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
+                         std::vector<std::vector<at::Tensor>> o;
+                         if (!outputs.empty()) o.push_back(ho);
+                         std::vector<at::Tensor> i{hi[0]};
+                         gather(o, i, opts);
+                       }))
+    return *w;
   checkTensor(inputs[0], "gather", rank_);
   std::vector<Staged> outs;
   if (rank_ == root) {
@@ -716,6 +789,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::scatter(std::vector<at::Tensor
   int root = static_cast<int>(opts.rootRank);
   checkRoot(root, size_, "scatter", rank_);
   TORCH_CHECK(outputs.size() == 1, "hoccl scatter on rank ", rank_, ": expects one output tensor");
+  if (auto w = tryCuda("scatter", c10d::OpType::SCATTER, inputs.empty() ? std::vector<at::Tensor>{} : inputs[0], outputs,
+                       [&](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
+                         std::vector<std::vector<at::Tensor>> i;
+                         if (!inputs.empty()) i.push_back(hi);
+                         std::vector<at::Tensor> o{ho[0]};
+                         scatter(o, i, opts);
+                       }))
+    return *w;
   checkTensor(outputs[0], "scatter", rank_);
   std::vector<at::Tensor> ins;
   if (rank_ == root) {
@@ -747,8 +828,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::scatter(std::vector<at::Tensor
   });
 }
 
-void ProcessGroupHOCCL::reduceScatterBlocks(const std::vector<at::Tensor>& inputs, const at::Tensor& output,
+void ProcessGroupHOCCL::reduceScatterBlocks(const std::vector<at::Tensor>& inputs, const at::Tensor& out,
                                             RedOp op, double factor) {
+  const at::Tensor output = reducible(out);
   Collective c{"reduce_scatter"};
   c.req.kind = OpKind::ReduceScatter;
   c.req.elemSize = output.element_size();
@@ -767,6 +849,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::reduce_scatter(std::vector<at:
                                                                  const c10d::ReduceScatterOptions& opts) {
   TORCH_CHECK(outputs.size() == 1 && inputs.size() == 1, "hoccl reduce_scatter on rank ", rank_,
               ": expects one output and one input list");
+  if (auto w = tryCuda("reduce_scatter", c10d::OpType::REDUCE_SCATTER, inputs[0], outputs,
+                       [&](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
+                         std::vector<std::vector<at::Tensor>> i{hi};
+                         std::vector<at::Tensor> o{ho[0]};
+                         reduce_scatter(o, i, opts);
+                       }))
+    return *w;
   checkTensor(outputs[0], "reduce_scatter", rank_);
   TORCH_CHECK(static_cast<int>(inputs[0].size()) == size_, "hoccl reduce_scatter on rank ", rank_,
               ": input list has ", inputs[0].size(), " tensors but the group has ", size_, " ranks");
@@ -788,6 +877,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::reduce_scatter(std::vector<at:
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                        const c10d::ReduceScatterOptions& opts) {
+  if (auto w = tryCuda("reduce_scatter_tensor", c10d::OpType::_REDUCE_SCATTER_BASE, {input}, {output},
+                       [&](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
+                         at::Tensor o = ho[0], i = hi[0];
+                         _reduce_scatter_base(o, i, opts);
+                       }))
+    return *w;
   checkTensor(input, "reduce_scatter_tensor", rank_);
   checkTensor(output, "reduce_scatter_tensor", rank_);
   TORCH_CHECK(output.scalar_type() == input.scalar_type(), "hoccl reduce_scatter_tensor on rank ", rank_,
@@ -814,9 +909,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::reduce_scatter_tensor_coalesce
               outputs.size(), " outputs for ", inputs.size(), " inputs");
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
   for (size_t i = 0; i < inputs.size(); ++i) works.push_back(_reduce_scatter_base(outputs[i], inputs[i], opts));
-  return enqueue(c10d::OpType::COALESCED, outputs, [works] {
-    for (auto& w : works) w->wait();
-  });
+  return c10::make_intrusive<WorkGroupHOCCL>(rank_, std::move(works));
 }
 
 // Moves inputs[d] to rank d's outputs[me]; every rank's sizes are cross-checked first.
@@ -839,8 +932,17 @@ void ProcessGroupHOCCL::alltoallBlocks(const std::vector<at::Tensor>& inputs,
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::alltoall_base(at::Tensor& output, at::Tensor& input,
                                                                 std::vector<int64_t>& outputSplits,
                                                                 std::vector<int64_t>& inputSplits,
-                                                                const c10d::AllToAllOptions&) {
+                                                                const c10d::AllToAllOptions& opts) {
   const char* op = "all_to_all_single";
+  bool even = outputSplits.empty() && inputSplits.empty() && input.numel() == output.numel() &&
+              input.numel() % size_ == 0 && input.scalar_type() == output.scalar_type();
+  if (auto w = tryCuda(op, c10d::OpType::ALLTOALL_BASE, {input}, {output},
+                       [&](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
+                         at::Tensor o = ho[0], i = hi[0];
+                         alltoall_base(o, i, outputSplits, inputSplits, opts);
+                       },
+                       even ? ceAllToAll(output, input) : nullptr))
+    return *w;
   checkTensor(input, op, rank_);
   checkTensor(output, op, rank_);
   TORCH_CHECK(input.scalar_type() == output.scalar_type(), "hoccl ", op, " on rank ", rank_,
@@ -886,8 +988,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::alltoall_base(at::Tensor& outp
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::alltoall(std::vector<at::Tensor>& outputs,
                                                            std::vector<at::Tensor>& inputs,
-                                                           const c10d::AllToAllOptions&) {
+                                                           const c10d::AllToAllOptions& opts) {
   const char* op = "all_to_all";
+  if (auto w = tryCuda(op, c10d::OpType::ALLTOALL, inputs, outputs,
+                       [&](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
+                         std::vector<at::Tensor> i = hi, o = ho;
+                         alltoall(o, i, opts);
+                       }))
+    return *w;
   TORCH_CHECK(static_cast<int>(inputs.size()) == size_ && static_cast<int>(outputs.size()) == size_,
               "hoccl ", op, " on rank ", rank_, ": needs ", size_, " input and output tensors, got ",
               inputs.size(), " and ", outputs.size());
@@ -929,20 +1037,31 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::postP2P(std::vector<at::Tensor
                                                           bool send) {
   const char* op = send ? "send" : "recv";
   TORCH_CHECK(tensors.size() == 1, "hoccl ", op, " on rank ", rank_, ": expects one tensor");
-  checkTensor(tensors[0], op, rank_);
   TORCH_CHECK(peer == -1 || (peer >= 0 && peer < size_ && peer != rank_), "hoccl ", op, " on rank ", rank_,
               ": invalid peer rank ", peer, " (group of ", size_, ")");
+  const at::Tensor& user = tensors[0];
+  const bool cuda = user.defined() && user.is_cuda();
+  if (!cuda) checkTensor(user, op, rank_);
   ensureP2P();
   auto work = c10::make_intrusive<WorkHOCCL>(rank_, send ? c10d::OpType::SEND : c10d::OpType::RECV, tensors);
   {
     std::lock_guard<std::mutex> lock(queueMutex_);
     if (coalescing_) coalesced_.push_back(work);
   }
-  auto staged = std::make_shared<Staged>(tensors[0]);
-  auto done = [work, staged](std::exception_ptr e, int src) {
+  // CUDA tensors travel through a pinned host mirror: D2H before a send (ordered after the
+  // caller's stream), H2D on the comm stream after a recv.
+  at::Tensor host = cuda ? cudaHostMirror(user, send) : at::Tensor();
+  auto staged = std::make_shared<Staged>(cuda ? host : user);
+  std::optional<c10::Stream> comm;
+  if (cuda) {
+    comm = commStream(user.device());
+    work->setCommStream(*comm);
+  }
+  auto done = [work, staged, cuda, user, comm, send](std::exception_ptr e, int src) {
     if (!e) {
       try {
         staged->writeBack();
+        if (cuda && !send) finishCudaRecv(user, staged->user, *comm, *work);
       } catch (...) {
         e = std::current_exception();
       }

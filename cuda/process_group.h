@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "executor.h"
@@ -26,24 +27,33 @@ class WorkHOCCL : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
   std::vector<at::Tensor> result() override { return outputs_; }
   int sourceRank() const override { return sourceRank_; }
+  // CUDA ops: wait() blocks the host only until the op is enqueued on the comm stream, then
+  // makes the caller's current stream wait for the op's end event (like NCCL).
+  bool wait(std::chrono::milliseconds timeout) override;
+  bool isCompleted() override;
   void complete(std::exception_ptr error, int sourceRank = -1);
+  // Set by the CUDA stream manager before the op runs.
+  void setCommStream(c10::Stream comm) { commStream_ = comm; }
+  void setEndEvent(std::shared_ptr<c10::Event> end) { endEvent_ = std::move(end); }
 
  private:
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   int sourceRank_ = -1;
+  std::optional<c10::Stream> commStream_;
+  std::shared_ptr<c10::Event> endEvent_;
 };
 
 // Completes when every member completes: what endCoalescing returns.
 class WorkGroupHOCCL : public c10d::Work {
  public:
-  WorkGroupHOCCL(int rank, std::vector<c10::intrusive_ptr<WorkHOCCL>> works);
+  WorkGroupHOCCL(int rank, std::vector<c10::intrusive_ptr<c10d::Work>> works);
   bool isCompleted() override;
   bool wait(std::chrono::milliseconds timeout) override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
 
  private:
-  std::vector<c10::intrusive_ptr<WorkHOCCL>> works_;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
 };
 
 enum class AllToAllAlgo { Direct, Pairwise, VarioPath };
@@ -138,6 +148,32 @@ class ProcessGroupHOCCL : public c10d::Backend {
   std::shared_ptr<const Plan> planFor(const PlanRequest& req);
   void checkWait(const Collective& c, int peer);
   void ensureP2P();
+  // CUDA tensors (process_group_cuda.cpp): order after the caller's stream, run on the comm
+  // stream, copy-engine transport for the ops it covers, host staging for the rest.
+  c10::intrusive_ptr<c10d::Work> enqueueCuda(c10d::OpType type, const std::vector<at::Tensor>& inputs,
+                                             const std::vector<at::Tensor>& outputs,
+                                             std::function<void(c10::Stream)> deviceBody);
+  c10::intrusive_ptr<c10d::Work> enqueueCudaViaHost(c10d::OpType type, const std::vector<at::Tensor>& inputs,
+                                                    const std::vector<at::Tensor>& outputs,
+                                                    std::function<void(const std::vector<at::Tensor>&,
+                                                                       const std::vector<at::Tensor>&)> hostBody);
+  c10::Stream commStream(c10::Device device);
+  void* ceGroup(c10::Device device);  // CeGroup*, created collectively on first use
+  std::optional<c10::intrusive_ptr<c10d::Work>> tryCuda(const char* op, c10d::OpType type,
+                                                         std::vector<at::Tensor> inputs,
+                                                         std::vector<at::Tensor> outputs,
+                                                         std::function<void(const std::vector<at::Tensor>&,
+                                                                            const std::vector<at::Tensor>&)> hostBody,
+                                                         std::function<void(c10::Stream)> ceBody = nullptr);
+  std::function<void(c10::Stream)> ceAllReduce(at::Tensor t, RedOp op, double factor);
+  std::function<void(c10::Stream)> ceAllGather(at::Tensor out, at::Tensor in);
+  std::function<void(c10::Stream)> ceBroadcast(at::Tensor t, int root);
+  std::function<void(c10::Stream)> ceAllToAll(at::Tensor out, at::Tensor in);
+  // While an op entry runs for host mirrors of CUDA tensors, enqueue hands its body back here.
+  at::Tensor cudaHostMirror(const at::Tensor& t, bool copyIn);
+  static void finishCudaRecv(const at::Tensor& user, const at::Tensor& host, c10::Stream comm, WorkHOCCL& work);
+  static bool capturing();
+  static void storeCapture(Body body);
   c10::intrusive_ptr<c10d::Work> postP2P(std::vector<at::Tensor>& tensors, int peer, int tag, bool send);
 
   // Collective builders shared by the public entry points.
@@ -148,6 +184,9 @@ class ProcessGroupHOCCL : public c10d::Backend {
                       const char* opName);
 
   std::chrono::milliseconds timeout_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::optional<c10::Stream> comm_;
+  std::shared_ptr<void> ce_;  // CeGroup (type-erased: cuda-ce headers stay out of this header)
   HocclConfig config_;
   std::unique_ptr<ShmGroup> group_;
   std::unique_ptr<Executor> executor_;

@@ -1,0 +1,58 @@
+"""Times collectives on whatever backend torchrun's job uses.
+
+    torchrun --nproc_per_node=4 examples/collective_bench.py                 # hoccl
+    torchrun --nproc_per_node=4 examples/collective_bench.py --backend gloo
+
+For a side-by-side table of hoccl and gloo in one run, use `python -m hoccl_backend.bench`.
+"""
+import argparse
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--backend", default="hoccl")
+    parser.add_argument("--sizes", default="8,65536,1048576,16777216", help="bytes, comma separated")
+    parser.add_argument("--iters", type=int, default=20)
+    args = parser.parse_args()
+    dist.init_process_group(args.backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.set_num_threads(1)
+    if rank == 0:
+        print(f"backend={args.backend} world={world}")
+        print(f"{'op':>16s} {'bytes':>10s} {'time_us':>10s} {'busbw_GBps':>11s}")
+    for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
+        for nbytes in (int(s) for s in args.sizes.split(",")):
+            n = max(world, nbytes // 4 // world * world)
+            x = torch.ones(n)
+            out = torch.empty(n) if op in ("all_gather", "all_to_all") else torch.empty(n // world)
+
+            def run():
+                if op == "all_reduce":
+                    dist.all_reduce(x)
+                elif op == "all_gather":
+                    dist.all_gather_into_tensor(out, x[: n // world])
+                elif op == "reduce_scatter":
+                    dist.reduce_scatter_tensor(out, x)
+                else:
+                    dist.all_to_all_single(out, x)
+
+            run()
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(args.iters):
+                run()
+            t = torch.tensor([(time.perf_counter() - start) / args.iters], dtype=torch.float64)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            factor = 2 * (world - 1) / world if op == "all_reduce" else (world - 1) / world
+            if rank == 0:
+                busbw = n * 4 / t.item() / 1e9 * factor
+                print(f"{op:>16s} {n * 4:>10d} {t.item() * 1e6:>10.1f} {busbw:>11.3f}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
