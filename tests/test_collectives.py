@@ -132,6 +132,8 @@ def check_all_to_all(rank, world, algo):
                 off = int(m[s, :rank].sum())
                 parts.append(inputs[s][off:off + int(m[s, rank])])
             assert_close(out, torch.cat(parts), f"all_to_all_single {skew} {dtype} algo={algo}")
+            backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+            assert backend.last_algorithm() == f"alltoall/{algo}", backend.last_algorithm()
         # list version, sizes differ per peer
         case += 1
         m = split_matrix(world, case, "uneven")
@@ -281,6 +283,12 @@ def test_reduce_scatter_and_reduce(world):
 @pytest.mark.parametrize("algo", ["varipath", "direct", "pairwise"])
 def test_all_to_all(world, algo):
     run_ranks(check_all_to_all, world, algo, env=env_for(world, HOCCL_ALLTOALL_ALGO=algo), timeout=300)
+
+
+def test_all_to_all_on_a_topology_preset():
+    # VarioPath with the 4-GPU direct-attached preset's channel catalog instead of the flat one.
+    run_ranks(check_all_to_all, 4, "varipath", env=env_for(4, HOCCL_ALLTOALL_ALGO="varipath",
+                                                           HOCCL_TOPOLOGY="direct4"), timeout=300)
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])

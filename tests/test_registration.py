@@ -66,3 +66,31 @@ def test_autoload_is_cheap_and_safe():
                          env={**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "1"})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "True"
+
+
+def debug_log(rank, world):
+    import tempfile
+
+    log = tempfile.TemporaryFile()
+    saved = os.dup(2)
+    os.dup2(log.fileno(), 2)
+    try:
+        dist.all_reduce(torch.ones(1000))
+        dist.all_gather_into_tensor(torch.empty(2 * world * 100000), torch.ones(2 * 100000))
+    finally:
+        os.dup2(saved, 2)
+    log.seek(0)
+    return log.read().decode()
+
+
+def test_debug_info_logs_algorithm_transport_bytes_time():
+    logs = run_ranks(debug_log, 2, env={"HOCCL_DEBUG": "INFO"})
+    for rank, text in enumerate(logs):
+        assert f"[hoccl rank {rank}] all_reduce #1 algo=allreduce/one-shot transport=shm bytes=4000 time=" in text, text
+        assert "all_gather #2 algo=all_gather/direct-read transport=shm+cma bytes=800000" in text, text
+
+
+def test_debug_trace_prints_the_plan():
+    logs = run_ranks(debug_log, 2, env={"HOCCL_DEBUG": "TRACE"})
+    assert "plan allreduce/one-shot: 3 steps, 1 barriers" in logs[0], logs[0]
+    assert "reduce out[0]+0 <- slot[r0,b0]+0 slot[r1,b0]+0 x1000 finalize" in logs[0], logs[0]
