@@ -11,7 +11,7 @@ if need torch; then
   $PY -m pip install -q "torch==2.13.0"
 fi
 missing=()
-for mod in ninja numpy pytest; do need "$mod" && missing+=("$mod"); done
+for mod in ninja numpy scipy networkx pytest; do need "$mod" && missing+=("$mod"); done
 if [ ${#missing[@]} -gt 0 ]; then $PY -m pip install -q "${missing[@]}"; fi
 if need expecttest; then $PY -m pip install -q expecttest || true; fi   # torch's conformance suite
 if need matplotlib; then $PY -m pip install -q matplotlib || true; fi   # --plot only
