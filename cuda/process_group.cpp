@@ -98,7 +98,7 @@ RedOp toRedOp(const c10d::ReduceOp& op, double* factor, const char* opName) {
     case c10d::ReduceOp::BOR: return RedOp::BitOr;
     case c10d::ReduceOp::BXOR: return RedOp::BitXor;
     case c10d::ReduceOp::PREMUL_SUM: {
-      auto* s = dynamic_cast<c10d::PreMulSumSupplement*>(op.supplement_.get());
+      auto* s = dynamic_cast<c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
       TORCH_CHECK(s, "hoccl ", opName, ": PREMUL_SUM without a factor");
       *factor = s->tensor_factor.defined() ? s->tensor_factor.to(at::kDouble).item<double>()
                                            : s->double_factor;
