@@ -90,6 +90,7 @@ Plan planAllGather(const PlanRequest& req, bool onlyRoot);  // gather = allgathe
 Plan planBroadcast(const PlanRequest& req);
 Plan planScatter(const PlanRequest& req);
 Plan planReduce(const PlanRequest& req);
+Plan planStagedReduce(const PlanRequest& req, bool rootOnly, const char* algo);
 Plan planReduceScatter(const PlanRequest& req);
 Plan planAllToAll(const PlanRequest& req);
 // Single-copy variants: every rank reads what it needs straight from its peers' buffers.

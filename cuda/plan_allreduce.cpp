@@ -9,13 +9,16 @@
 
 namespace hoccl {
 
-Plan planAllReduceOneShot(const PlanRequest& req) {
+// Every rank stages its chunk; after one barrier the reducers (all ranks, or the root only)
+// combine every slot. Shared by one-shot all_reduce and rooted reduce.
+Plan planStagedReduce(const PlanRequest& req, bool rootOnly, const char* algo) {
   Plan p;
-  p.algo = "allreduce/one-shot";
+  p.algo = algo;
   forEachChunk(req.bytes, chunkCapacity(req.slotBytes, req.elemSize), [&](int64_t off, int64_t n) {
     int b = p.buffersUsed++;
     p.steps.push_back(Step::copy(Loc::slot(req.rank, b, 0), Loc::in(0, off), n));
     p.steps.push_back(Step::barrier());
+    if (rootOnly && req.rank != req.root) return;
     std::vector<Loc> srcs;
     for (int r = 0; r < req.world; ++r) srcs.push_back(Loc::slot(r, b, 0));
     p.steps.push_back(Step::reduce(Loc::out(0, off), srcs, n / req.elemSize, true));
@@ -23,6 +26,8 @@ Plan planAllReduceOneShot(const PlanRequest& req) {
   ensureBarrier(p);
   return p;
 }
+
+Plan planAllReduceOneShot(const PlanRequest& req) { return planStagedReduce(req, false, "allreduce/one-shot"); }
 
 Plan planAllReduceRsAg(const PlanRequest& req) {
   Plan p;

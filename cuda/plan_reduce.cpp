@@ -1,24 +1,10 @@
-// Rooted reduce and reduce_scatter plans.
+// Rooted reduce (the staged reduction of plan_allreduce.cpp, root only) and reduce_scatter.
 #include "plan.h"
 #include "plan_util.h"
 
 namespace hoccl {
 
-Plan planReduce(const PlanRequest& req) {
-  Plan p;
-  p.algo = "reduce/staged";
-  forEachChunk(req.bytes, chunkCapacity(req.slotBytes, req.elemSize), [&](int64_t off, int64_t n) {
-    int b = p.buffersUsed++;
-    p.steps.push_back(Step::copy(Loc::slot(req.rank, b, 0), Loc::in(0, off), n));
-    p.steps.push_back(Step::barrier());
-    if (req.rank != req.root) return;
-    std::vector<Loc> srcs;
-    for (int r = 0; r < req.world; ++r) srcs.push_back(Loc::slot(r, b, 0));
-    p.steps.push_back(Step::reduce(Loc::out(0, off), srcs, n / req.elemSize, true));
-  });
-  ensureBarrier(p);
-  return p;
-}
+Plan planReduce(const PlanRequest& req) { return planStagedReduce(req, true, "reduce/staged"); }
 
 // Each rank stages, per chunk, the part destined to every rank; then reduces its own part
 // across all slots. Input is read once and every byte crosses shared memory once.

@@ -18,17 +18,21 @@ def _batch(rank, step):
     return torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
 
 
-def train_ddp(rank, world):
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    model = DDP(_model(), bucket_cap_mb=0.001)  # tiny buckets: several allreduces per step
+def _train(model, rank, steps=3):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for step in range(3):
+    for step in range(steps):
         x, y = _batch(rank, step)
         loss = nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
+
+
+def train_ddp(rank, world):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(_model(), bucket_cap_mb=0.001)  # tiny buckets: several allreduces per step
+    _train(model, rank)
     return [p.detach().clone() for p in model.module.parameters()]
 
 
@@ -42,13 +46,7 @@ def train_fsdp2(rank, world):
         if isinstance(layer, nn.Linear):
             fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for step in range(3):
-        x, y = _batch(rank, step)
-        loss = nn.functional.mse_loss(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    _train(model, rank)
     return [p.full_tensor().detach().clone() for p in model.parameters()]
 
 
