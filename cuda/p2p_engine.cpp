@@ -166,7 +166,7 @@ void P2PEngine::loop() {
               op.peer = s;
           if (op.peer < 0) {
             if (std::chrono::steady_clock::now() > op.deadline) {
-              fail(op, "timed out after " + std::to_string(timeout_.count()) + " ms: no rank sent");
+              fail(op, "Timed out after " + std::to_string(timeout_.count()) + " ms: no rank sent");
               it = ops_.erase(it);
               continue;
             }
@@ -191,7 +191,7 @@ void P2PEngine::loop() {
         }
         blockedPeers.insert(key);
         if (std::chrono::steady_clock::now() > op.deadline) {
-          fail(op, "timed out after " + std::to_string(timeout_.count()) + " ms (" +
+          fail(op, "Timed out after " + std::to_string(timeout_.count()) + " ms (" +
                        std::to_string(op.done) + " of " + std::to_string(op.bytes) +
                        " bytes moved; is the matching " + (op.send ? "recv" : "send") + " posted?)");
           it = ops_.erase(it);

@@ -225,6 +225,7 @@ std::string ProcessGroupHOCCL::lastAlgorithm() const {
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::enqueue(c10d::OpType type, std::vector<at::Tensor> outputs,
                                                           Body body, int64_t bytes) {
   auto work = c10::make_intrusive<WorkHOCCL>(rank_, type, std::move(outputs));
+  issued_.fetch_add(1);
   if (capturing()) {  // host mirrors of a CUDA op: hand the body to the CUDA stream manager
     storeCapture(std::move(body));
     return work;
@@ -304,7 +305,7 @@ void ProcessGroupHOCCL::checkWait(const Collective& c, int peer) {
   if (group_->aborted())
     throw std::runtime_error(prefix + "the group was aborted: " + group_->abortMessage());
   if (std::chrono::steady_clock::now() > c.deadline) {
-    std::string msg = prefix + "timed out after " + std::to_string(timeout_.count()) +
+    std::string msg = prefix + "Timed out after " + std::to_string(timeout_.count()) +
                       " ms waiting for rank " + std::to_string(peer) + " to reach collective #" +
                       std::to_string(c.ctx.desc.opSeq);
     group_->abort(msg);

@@ -6,6 +6,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -80,6 +81,9 @@ class ProcessGroupHOCCL : public c10d::Backend {
   void startCoalescing() override;
   c10::intrusive_ptr<c10d::Work> endCoalescing() override;
   void shutdown() override;
+  // Counts collectives issued on this group (torch reads it for object collectives, logging).
+  void setSequenceNumberForGroup() override {}
+  uint64_t getSequenceNumberForGroup() override { return issued_.load(); }
   void abort() override;
 
   // VarioPath channels for all_to_all (set by the Python creator from HOCCL_TOPOLOGY).
@@ -198,7 +202,8 @@ class ProcessGroupHOCCL : public c10d::Backend {
   std::condition_variable queueCv_;
   std::deque<std::pair<c10::intrusive_ptr<WorkHOCCL>, Body>> queue_;
   bool stopping_ = false;
-  bool busy_ = false;  // a task is running (on the worker or inline)
+  bool busy_ = false;
+  std::atomic<uint64_t> issued_{0};  // a task is running (on the worker or inline)
   std::thread worker_;
 
   bool coalescing_ = false;

@@ -3,6 +3,9 @@
     BACKEND=hoccl WORLD_SIZE=2 python -m pytest tests/conformance/torch_suite.py -q
     BACKEND=gloo  WORLD_SIZE=2 python -m pytest tests/conformance/torch_suite.py -q   # comparison
 
+    HOCCL_AS_GLOO=1 BACKEND=gloo WORLD_SIZE=2 python -m pytest tests/conformance/torch_suite.py -k ...
+        # tests the suite gates on the name "gloo", run on hoccl process groups
+
 Not part of the default suite (a full 2-rank run takes ~10 minutes per backend on 2 cores);
 scripts/conformance.sh runs both backends and writes the per-test comparison.
 """
@@ -20,6 +23,21 @@ if "TEMP_DIR" not in os.environ:
 
 import hoccl_backend  # noqa: E402,F401  (registers "hoccl" in every spawned rank too)
 from torch.testing._internal.common_distributed import DistTestCases  # noqa: E402
+
+if os.environ.get("HOCCL_AS_GLOO") == "1":
+    # Run the tests the suite gates on the name "gloo" against hoccl: the suite sees
+    # BACKEND=gloo, every process group it creates is a hoccl one.
+    import torch.distributed as _dist
+
+    _init = _dist.init_process_group
+
+    def _init_as_hoccl(*args, **kwargs):
+        if kwargs.get("backend") == "gloo":
+            kwargs["backend"] = "hoccl"
+        return _init(*args, **kwargs)
+
+    _dist.init_process_group = _init_as_hoccl
+    os.environ["BACKEND"] = "gloo"
 
 if os.environ["BACKEND"] == "hoccl":
     # Unlock the tests gated on backend features hoccl implements on CPU.
