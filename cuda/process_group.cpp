@@ -137,6 +137,7 @@ HocclConfig HocclConfig::fromEnv(int world) {
   else if (cma == "1" || cma == "on") c.shm.crossMemory = 1;
   else throw std::invalid_argument("hoccl: HOCCL_SHM_CMA=" + cma + " is not one of auto, 0, 1");
   c.inlineMaxBytes = envBytes("HOCCL_INLINE_BYTES", 64 << 10);
+  c.cudaViaHostOnly = envString("HOCCL_CUDA_TRANSPORT", "ce") == "host";
   std::string dbg = envString("HOCCL_DEBUG", "");
   c.debug = dbg == "TRACE" ? 2 : (dbg == "INFO" ? 1 : 0);
   std::string algo = envString("HOCCL_ALLTOALL_ALGO", "varipath");
@@ -450,11 +451,12 @@ void ProcessGroupHOCCL::runCollective(Collective& c) {
     for (int64_t v : matrix) total += v;
     c.req.bytes = total / size_;
     c.ctx.validate = nullptr;
-    plan = std::make_shared<const Plan>(buildPlan(c.req));
+    Plan phased = buildPlan(c.req);
     std::string algo = config_.alltoall == AllToAllAlgo::Pairwise ? "pairwise"
                        : (config_.alltoall == AllToAllAlgo::VarioPath && !channels_.empty()) ? "varipath"
                                                                                              : "direct";
-    const_cast<Plan&>(*plan).algo = "alltoall/" + algo;
+    phased.algo = "alltoall/" + algo;
+    plan = std::make_shared<const Plan>(std::move(phased));
   } else {
     c.ctx.validate = [&](uint32_t p) { validateDescriptors(c, p); };
     plan = planFor(c.req);
@@ -512,11 +514,6 @@ void checkRoot(int root, int size, const char* op, int rank) {
 
 // ---------------------------------------------------------------- collectives
 
-static bool anyCudaTensor(const std::vector<at::Tensor>& ts) {
-  for (const auto& t : ts)
-    if (t.defined() && t.is_cuda()) return true;
-  return false;
-}
 
 void ProcessGroupHOCCL::allreduceTensor(const at::Tensor& t, RedOp op, double factor) {
   const at::Tensor tensor = reducible(t);
@@ -556,7 +553,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allreduce(std::vector<at::Tens
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
-  if (anyCudaTensor(tensors)) {
+  if (anyCuda(tensors)) {
     std::vector<c10::intrusive_ptr<c10d::Work>> works;
     for (auto& t : tensors) {
       std::vector<at::Tensor> v{t};

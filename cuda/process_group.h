@@ -63,7 +63,8 @@ struct HocclConfig {
   ShmConfig shm;
   int64_t oneShotMaxBytes = 64 << 10;
   int64_t crossMemoryMinBytes = 256 << 10;
-  int64_t inlineMaxBytes = 64 << 10;  // run smaller collectives on the caller's thread when idle
+  int64_t inlineMaxBytes = 64 << 10;
+  bool cudaViaHostOnly = false;  // HOCCL_CUDA_TRANSPORT=host  // run smaller collectives on the caller's thread when idle
   int debug = 0;  // 0 off, 1 INFO, 2 TRACE
   AllToAllAlgo alltoall = AllToAllAlgo::Direct;
   static HocclConfig fromEnv(int world);
@@ -176,6 +177,7 @@ class ProcessGroupHOCCL : public c10d::Backend {
   // While an op entry runs for host mirrors of CUDA tensors, enqueue hands its body back here.
   at::Tensor cudaHostMirror(const at::Tensor& t, bool copyIn);
   static void finishCudaRecv(const at::Tensor& user, const at::Tensor& host, c10::Stream comm, WorkHOCCL& work);
+  static bool anyCuda(const std::vector<at::Tensor>& ts);
   static bool capturing();
   static void storeCapture(Body body);
   c10::intrusive_ptr<c10d::Work> postP2P(std::vector<at::Tensor>& tensors, int peer, int tag, bool send);

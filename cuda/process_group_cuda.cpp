@@ -30,12 +30,13 @@ namespace hoccl {
 namespace {
 thread_local std::function<void()>* captureSlot = nullptr;  // see captureBody
 
-bool anyCuda(const std::vector<at::Tensor>& ts) {
+}  // namespace
+
+bool ProcessGroupHOCCL::anyCuda(const std::vector<at::Tensor>& ts) {
   for (const auto& t : ts)
     if (t.defined() && t.is_cuda()) return true;
   return false;
 }
-}  // namespace
 
 bool ProcessGroupHOCCL::capturing() { return captureSlot != nullptr; }
 
@@ -177,9 +178,7 @@ std::optional<c10::intrusive_ptr<c10d::Work>> ProcessGroupHOCCL::tryCuda(
   bool contiguous = true;
   for (const auto& t : all) contiguous = contiguous && (!t.defined() || t.is_contiguous());
 #ifdef HOCCL_WITH_CUDA
-  const char* transport = std::getenv("HOCCL_CUDA_TRANSPORT");
-  bool ceAllowed = !(transport && std::string(transport) == "host");
-  if (ceBody && contiguous && ceAllowed) {
+  if (ceBody && contiguous && !config_.cudaViaHostOnly) {
     int index = device.index();
     return enqueueCuda(type, inputs, outputs, [this, ceBody, device, index](c10::Stream s) {
       cu::ContextGuard ctx(index);
