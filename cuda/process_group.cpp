@@ -535,6 +535,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allreduce(std::vector<at::Tens
   TORCH_CHECK(tensors.size() == 1, "hoccl all_reduce on rank ", rank_, ": expects one tensor, got ", tensors.size());
   double factor;
   RedOp op = toRedOp(opts.reduceOp, &factor, "all_reduce");
+  if (tensors[0].is_sparse()) return allreduceSparse(tensors, op);
   if (auto w = tryCuda("all_reduce", c10d::OpType::ALLREDUCE, tensors, tensors,
                        [&](const std::vector<at::Tensor>&, const std::vector<at::Tensor>& ho) {
                          std::vector<at::Tensor> v{ho[0]};
@@ -549,6 +550,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allreduce(std::vector<at::Tens
     allreduceTensor(s.work, op, factor);
     s.writeBack();
   }, nbytes(tensors[0]));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allreduceSparse(std::vector<at::Tensor>& tensors, RedOp op) {
+  const at::Tensor& t = tensors[0];
+  TORCH_CHECK(t.layout() == at::kSparse, "hoccl all_reduce on rank ", rank_, ": ", t.layout(),
+              " tensors are not supported (sparse COO is)");
+  TORCH_CHECK(t.device().is_cpu(), "hoccl all_reduce on rank ", rank_,
+              ": sparse tensors must be on the CPU (got ", t.device(), ")");
+  TORCH_CHECK(op == RedOp::Sum || (op == RedOp::Avg && (t.is_floating_point() || t.is_complex())),
+              "hoccl all_reduce on rank ", rank_, ": sparse tensors support SUM (and AVG for floating dtypes), not ",
+              redOpName(op), " on ", t.scalar_type());
+  return enqueue(c10d::OpType::ALLREDUCE, tensors, [this, t, op] { sparseAllreduce(t, op); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allreduce_coalesced(

@@ -184,6 +184,8 @@ class ProcessGroupHOCCL : public c10d::Backend {
 
   // Collective builders shared by the public entry points.
   void allreduceTensor(const at::Tensor& tensor, RedOp op, double factor);
+  c10::intrusive_ptr<c10d::Work> allreduceSparse(std::vector<at::Tensor>& tensors, RedOp op);
+  void sparseAllreduce(at::Tensor tensor, RedOp op);  // sparse_allreduce.cpp
   void allgatherBlocks(const at::Tensor& input, const std::vector<at::Tensor>& outputs, OpKind kind, int root);
   void reduceScatterBlocks(const std::vector<at::Tensor>& inputs, const at::Tensor& output, RedOp op, double factor);
   void alltoallBlocks(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
