@@ -235,6 +235,8 @@ def _cut_slots(ps: torch.Tensor, spare: torch.Tensor, slots: int, home_local: to
     home_amt = (ov * (at_home)).sum(1)  # [B, N] spare used by own experts
     ov = torch.where(at_home, 0, ov)
     key = ov * p + (p - 1 - torch.arange(p, device=dev))[None, :, None]
+    if p < slots:  # fewer pieces than slots: pad with empty (zero-amount) pieces
+        key = torch.cat([key, key.new_zeros((b, slots - p, n))], 1)
     kv, _ = torch.topk(key, slots, dim=1)  # [B, slots, N]; keys are unique
     amt = kv // p
     pos = torch.where(amt > 0, p - 1 - kv % p, -1)
@@ -305,6 +307,14 @@ class TopoEPPlanner:
             den = torch.tensor([d for _, d, _ in cands], device=device)
             capped = torch.tensor([c for _, _, c in _APPORTION], device=device)
             self._dev_cache[key] = (home, home // self.G, num, den, capped, whole)
+        return self._dev_cache[key]
+
+    def _grouped(self, device):
+        """Experts grouped by home GPU: [R, E/R] expert ids (placement is balanced)."""
+        key = ("grouped", str(device))
+        if key not in self._dev_cache:
+            order = torch.sort(self.placement, stable=True).indices
+            self._dev_cache[key] = order.view(self.R, self.E // self.R).to(device)
         return self._dev_cache[key]
 
     def check_counts(self, counts: torch.Tensor) -> None:
@@ -430,11 +440,16 @@ class TopoEPPlanner:
         slot_e = [torch.where(p >= 0, porder_b.gather(1, p.clamp(min=0)), -1) for p in slot_pos]
         slot_expert = torch.stack(slot_e, -1).reshape(V, R, S)
         slot_tokens = torch.stack(slot_a, -1).reshape(V, R, S)
+        if S == 1:
+            ge, gt = _greedy_one_slot(c, L, T[1], self._grouped(dev))
+            slot_expert = torch.cat([slot_expert, ge[None, :, None]])
+            slot_tokens = torch.cat([slot_tokens, gt[None, :, None]])
+            V += 1
         # ---- per-candidate GPU loads: home load minus what replicas took, plus replica work
         moved = torch.zeros((V, E + 1), dtype=torch.long, device=dev).scatter_add(
             1, (slot_expert % (E + 1)).reshape(V, R * S), slot_tokens.reshape(V, R * S))[:, :E]
         load = torch.zeros((V, R), dtype=torch.long, device=dev).scatter_add(
-            1, home.expand(V, E), cv - moved) + slot_tokens.sum(2)
+            1, home.expand(V, E), c - moved) + slot_tokens.sum(2)
         best = torch.argmin(load.max(1).values, dim=0, keepdim=True)  # first min
         slot_expert = slot_expert.index_select(0, best)[0]
         slot_tokens = slot_tokens.index_select(0, best)[0]
@@ -445,6 +460,43 @@ class TopoEPPlanner:
                           copy_index=flat,
                           expert_gpu=q, load=load, home_load=L, candidate=best[0],
                           hosts=H, gpus_per_host=G)
+
+
+def _greedy_one_slot(c: torch.Tensor, L: torch.Tensor, T: torch.Tensor, grouped: torch.Tensor):
+    """Sequential greedy for one replica slot per GPU: R steps, each moves tokens of the most
+    loaded GPU's largest remaining home expert into the free slot with the most room (the whole
+    expert if it fits, so a donor may drop below T and its own slot takes a later piece: chains).
+
+    With one slot per GPU the batched apportion/cut candidates often strand a donor's remainder
+    with no free slot that fits; this greedy reaches the optimum on most such inputs. Each step
+    is ~15 small ops, so it runs only for slots_per_gpu == 1. Returns (expert [R], tokens [R])
+    of each GPU's slot (-1 / 0 = empty)."""
+    R, m = grouped.shape
+    dev = c.device
+    rem = c.index_select(0, grouped.reshape(-1)).view(R, m)  # home tokens not yet moved
+    load = L.clone()
+    # spare of GPUs whose slot is still free; a used slot is pushed far below any real spare
+    room = T - load
+    used = torch.tensor([-_BIG], device=dev)
+    steps = []
+    for _ in range(R):
+        d = load.argmax().view(1)  # first max: ties to the lower GPU
+        top, xl = rem.index_select(0, d).max(1)  # the donor's largest remaining expert
+        s, r = room.max(0, keepdim=True)
+        amt = torch.minimum(top, s).clamp(min=0) * (load.index_select(0, d) > T)
+        rem.index_put_((d, xl), -amt, accumulate=True)
+        load.index_add_(0, d, -amt)
+        load.index_add_(0, r, amt)
+        room.index_add_(0, d, amt)
+        room.index_add_(0, r, torch.where(amt > 0, used - amt, 0))
+        steps.append(torch.stack([r, d * m + xl, amt]))
+    r, xg, amt = torch.cat(steps, 1)
+    # every GPU's slot is filled at most once; steps that moved nothing write a spare column
+    dst = torch.where(amt > 0, r, R)
+    expert = torch.full((R + 1,), -1, dtype=torch.long, device=dev).scatter_(
+        0, dst, grouped.reshape(-1).index_select(0, xg))
+    tokens = torch.zeros(R + 1, dtype=torch.long, device=dev).scatter_(0, dst, amt)
+    return expert[:R], tokens[:R]
 
 
 def _split_tokens(counts, home_amt, home, slot_expert, slot_tokens, H: int, G: int):
