@@ -10,26 +10,31 @@ one with the lowest resulting max GPU load wins, ties to the first):
 1. Inter-host stage: hosts whose home load exceeds ``gpus_per_host * T`` give away their
    largest experts' tokens; a cumulative cut hands those pieces to hosts with room.
 2. Intra-host stage (batched over hosts): overloaded GPUs give away their largest experts'
-   tokens; together with the pieces the host received in stage 1 they are apportioned to the
-   host's GPUs with room, one piece per GPU per round, ``slots_per_gpu`` rounds. In a round each
-   receiver takes the piece that covers the midpoint of its spare-capacity interval, and a
-   piece is split over its receivers in proportion to their spare capacity (exact integers).
-3. Token split: for every expert, tokens of each source rank go to copies on the same host
+   tokens (their excess, or whole experts); together with the pieces the host received in
+   stage 1 they are cut cumulatively over the host's GPUs with room, each GPU keeping its
+   ``slots_per_gpu`` largest overlaps; leftovers top up GPUs already holding that expert.
+3. With one slot per GPU, a sequential greedy (most loaded GPU's largest expert into the free
+   slot with the most room; R steps) is one more candidate: the cuts often strand a remainder.
+4. Token split: for every expert, tokens of each source rank go to copies on the same host
    first (north-west-corner cut inside the host), and only the remainder crosses hosts.
+
+Cost: planning runs ~300 small ATen ops (slots >= 2), so on a CPU it is bound by per-op
+dispatch; everything that depends only on shapes and placement is built once per device.
 """
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import torch
 
 # Candidate plans, tried in one batch; the lowest max GPU load wins, ties to the earliest.
-# (num, den, mode): target T = ceil(total * num / (R * den)); num = 0 means no replication.
-# mode "cap": one piece per GPU per round, a receiver never exceeds T; "unc": the same but a
-# piece is split over its receivers even if that overshoots T; "cut": one cumulative cut of
-# all pieces over the GPUs, each GPU keeps its slots_per_gpu largest overlaps.
-_APPORTION = ((0, 1, True), (1, 1, True), (1, 1, False), (129, 128, True), (33, 32, True))
-_CUT = ((1, 1, False), (129, 128, False), (33, 32, False),
-        (1, 1, True), (129, 128, True), (33, 32, True))  # True: donors give whole experts
-# and the receivers that are home to a piece are ordered last (see _cut_slots)
+# Candidate 0 is "no replication" (it wins ties: no weights copied for nothing). Then for each
+# target T = ceil(total * num / (R * den)) in _TARGETS, one cumulative cut of each host's
+# pieces over its GPUs (each GPU keeps its slots_per_gpu largest overlaps); first with donors
+# giving just their excess, then with donors giving whole experts and the receivers that are
+# home to a piece ordered last (chains, see _cut_slots). With one slot per GPU a sequential
+# greedy is the last candidate.
+_TARGETS = ((1, 1), (129, 128), (33, 32))
 _BIG = 1 << 62
 
 
@@ -141,19 +146,13 @@ def _sort_desc(x: torch.Tensor):
     return torch.sort(x, dim=-1, descending=True, stable=True)
 
 
-def _group_before(values: torch.Tensor, group: torch.Tensor, ngroups: int,
-                  o1: torch.Tensor) -> torch.Tensor:
-    """For items [B, P] in groups (LongTensor [P]), the sum of the values of the items of the
-    same group that precede each item in the order ``o1`` ([P], e.g. load desc), shared."""
+def _group_before(values: torch.Tensor, order: torch.Tensor, ngroups: int) -> torch.Tensor:
+    """For items [B, P] whose order ``order`` ([P], shared) lists each group's items
+    contiguously (groups of equal size, by load desc inside a group), the sum of the values of
+    the items of the same group that precede each item."""
     b, p = values.shape
-    _, o2 = torch.sort(group[o1], stable=True)
-    order = o1[o2]
-    vals = values.index_select(1, order)
-    grp = group[order]
-    excl = vals.cumsum(1) - vals
-    base = torch.full((b, ngroups), _BIG, dtype=values.dtype, device=values.device)
-    base = base.scatter_reduce(1, grp.expand(b, p), excl, reduce="amin", include_self=True)
-    before = excl - base.index_select(1, grp)
+    vals = values.index_select(1, order).view(b, ngroups, p // ngroups)
+    before = (vals.cumsum(2) - vals).view(b, p)
     return torch.empty_like(before).index_copy_(1, order, before)
 
 
@@ -171,42 +170,8 @@ def _cut(pieces: torch.Tensor, cap: torch.Tensor, order: torch.Tensor) -> torch.
     return torch.empty_like(out).scatter_(2, co[:, None, :].expand_as(out), out)
 
 
-def _apportion(ps: torch.Tensor, spare: torch.Tensor, capped: torch.Tensor):
-    """One round: each receiver (spare [B, N]) takes at most one piece.
-
-    ``ps`` [B, P] are the piece amounts in a fixed (roughly descending) order; receivers are
-    sorted by spare descending. A receiver takes the piece covering the midpoint of its
-    cumulative spare interval, and a piece is split over its receivers in proportion to their
-    spare (exact integers). Returns (piece position [B, N], -1 = nothing; amount [B, N]).
-    """
-    b, p = ps.shape
-    ss, so = _sort_desc(spare)
-    ap2 = 2 * ps.cumsum(1)
-    ar = ss.cumsum(1)
-    arp = ar - ss
-    idx = torch.searchsorted(ap2, ar + arp, right=True)
-    idx = torch.where(ss > 0, idx, p)
-    valid = idx < p
-    idxc = idx.clamp(max=p - 1)
-    pamt = (ps.gather(1, idxc) * (valid))
-    grp_spare = torch.zeros((b, p + 1), dtype=ss.dtype, device=ss.device)
-    grp_spare = grp_spare.scatter_add(1, idx, ss)
-    # receivers of one piece are contiguous; the first one has the smallest arp
-    base = torch.full((b, p + 1), _BIG, dtype=ss.dtype, device=ss.device)
-    base = base.scatter_reduce(1, idx, arp, reduce="amin", include_self=True)
-    gb = base.gather(1, idx)
-    den = grp_spare.gather(1, idx).clamp(min=1)
-    amt = pamt * (ar - gb) // den - pamt * (arp - gb) // den
-    amt = torch.where(capped[:, None], torch.minimum(amt, ss), amt)
-    amt = amt.clamp(min=0)
-    pos = torch.where(amt > 0, idxc, -1)
-    out_p = torch.empty_like(pos).scatter_(1, so, pos)
-    out_a = torch.empty_like(amt).scatter_(1, so, amt)
-    return out_p, out_a
-
-
 def _cut_slots(ps: torch.Tensor, spare: torch.Tensor, slots: int, home_local: torch.Tensor,
-               homes_last: torch.Tensor):
+               homes_last: torch.Tensor, rev: torch.Tensor):
     """Cumulative cut of pieces [B, P] (fixed order) over receivers [B, N] (spare desc); each
     receiver keeps its ``slots`` largest overlaps (ties: earlier piece); overlaps with the
     piece's own home GPU (``home_local`` [B, P], -1 = other host) stay at home. Returns
@@ -218,10 +183,11 @@ def _cut_slots(ps: torch.Tensor, spare: torch.Tensor, slots: int, home_local: to
     b, p = ps.shape
     n = spare.shape[1]
     dev = ps.device
-    parange = torch.arange(p, device=dev).expand(b, p)
-    first = torch.full((b, n + 1), p, dtype=torch.long, device=dev).scatter_reduce(
-        1, torch.where(home_local >= 0, home_local, n),
-        torch.where(ps > 0, parange, p), reduce="amin", include_self=True)[:, :n]
+    # rev = p - 1 - position; the first piece of each home GPU has the largest rev
+    first = torch.zeros((b, n + 1), dtype=torch.long, device=dev).scatter_reduce_(
+        1, torch.where(home_local >= 0, home_local, n), (rev + 1) * (ps > 0),
+        reduce="amax", include_self=True)[:, :n]
+    first = p - first  # position of the first piece homed there, p = none
     rkey = torch.where(homes_last[:, None] & (first < p), _BIG // 2 + first, -spare)
     _, so = torch.sort(rkey, dim=1, stable=True)
     ss = spare.gather(1, so)
@@ -234,7 +200,7 @@ def _cut_slots(ps: torch.Tensor, spare: torch.Tensor, slots: int, home_local: to
     at_home = home_local[:, :, None] == so[:, None, :]
     home_amt = (ov * (at_home)).sum(1)  # [B, N] spare used by own experts
     ov = torch.where(at_home, 0, ov)
-    key = ov * p + (p - 1 - torch.arange(p, device=dev))[None, :, None]
+    key = ov * p + rev[None, :, None]
     if p < slots:  # fewer pieces than slots: pad with empty (zero-amount) pieces
         key = torch.cat([key, key.new_zeros((b, slots - p, n))], 1)
     kv, _ = torch.topk(key, slots, dim=1)  # [B, slots, N]; keys are unique
@@ -242,8 +208,9 @@ def _cut_slots(ps: torch.Tensor, spare: torch.Tensor, slots: int, home_local: to
     pos = torch.where(amt > 0, p - 1 - kv % p, -1)
     pos = pos.transpose(1, 2)
     amt = amt.transpose(1, 2)
-    out_p = torch.empty_like(pos).scatter_(1, so[:, :, None].expand_as(pos), pos)
-    out_a = torch.empty_like(amt).scatter_(1, so[:, :, None].expand_as(amt), amt)
+    dst = so[:, :, None].expand(b, n, slots)
+    out_p = pos.new_empty((b, n, slots)).scatter_(1, dst, pos)  # contiguous, GPU order
+    out_a = amt.new_empty((b, n, slots)).scatter_(1, dst, amt)
     out_h = torch.empty_like(home_amt).scatter_(1, so, home_amt)
     return out_p, out_a, out_h
 
@@ -297,17 +264,50 @@ class TopoEPPlanner:
         self._dev_cache: dict = {}
 
     def _consts(self, device):
+        """Everything that depends only on the shapes, the placement and the candidate list,
+        built once per device (each saved op is ~4 us of dispatch on a CPU)."""
         key = str(device)
         if key not in self._dev_cache:
-            home = self.placement.to(device)
-            cands = [(n, d, c) for n, d, c in _APPORTION] + [(n, d, True) for n, d, _ in _CUT]
-            whole = torch.tensor([False] * len(_APPORTION) + [w for _, _, w in _CUT],
-                                 device=device)
-            num = torch.tensor([n for n, _, _ in cands], device=device)
-            den = torch.tensor([d for _, d, _ in cands], device=device)
-            capped = torch.tensor([c for _, _, c in _APPORTION], device=device)
-            self._dev_cache[key] = (home, home // self.G, num, den, capped, whole)
+            self._dev_cache[key] = self._build_consts(device)
         return self._dev_cache[key]
+
+    def _build_consts(self, device):
+        E, H, G, S, R = self.E, self.H, self.G, self.S, self.R
+        num = torch.tensor([n for n, _ in _TARGETS])
+        den = torch.tensor([d for _, d in _TARGETS])
+        V = 2 * len(_TARGETS)  # each target without and with whole-expert donors
+        home = self.placement
+        k = SimpleNamespace(V=V, K=min(E, G * (S + 1)))
+        k.t_add = R * den - 1  # T = (total * num + R * den - 1) // (R * den)
+        k.t_div = R * den
+        k.t_num = num
+        k.whole = torch.tensor([False, True])[:, None, None]  # [mode, target, expert]
+        k.none_expert = torch.full((1, R, S), -1)  # the "no replication" candidate
+        k.none_tokens = torch.zeros((1, R, S), dtype=torch.long)
+        k.home = home
+        k.home_host = home // G
+        k.home_v = home.expand(V, E)
+        k.home_t = home.expand(len(_TARGETS), E)
+        k.rev_e = E - 1 - torch.arange(E)
+        # sort keys that list experts grouped by home GPU / home host (load desc inside via
+        # a stable sort of key - load): group * 2**32 leaves room for any load < 2**31
+        k.gpu_key = home << 32
+        k.host_key = (home // G) << 32
+        # host of each [V*H] row, and whether donors give whole experts
+        k.row_host = (torch.arange(V * H) % H)[:, None]
+        k.homes_last = k.whole.view(2, 1).expand(2, V // 2 * H).reshape(-1)
+        k.home_local = home % G
+        k.rev_k = k.K - 1 - torch.arange(k.K)
+        # token split: GPU and host of every copy (E home copies, then R*S slots) and the
+        # (host, gpu) part of the copy sort key
+        gpu = torch.cat([home, torch.arange(R * S) // S])
+        k.copy_gpu_key = (gpu // G) * R + gpu
+        k.copy_exp_home = torch.arange(E)
+        k.src_host = torch.arange(R) // G
+        for name, v in vars(k).items():
+            if isinstance(v, torch.Tensor):
+                setattr(k, name, v.to(device))
+        return k
 
     def _grouped(self, device):
         """Experts grouped by home GPU: [R, E/R] expert ids (placement is balanced)."""
@@ -337,129 +337,120 @@ class TopoEPPlanner:
         return p
 
     def _plan(self, counts: torch.Tensor) -> TopoEPPlan:
-        dev = counts.device
-        E, H, G, S, R = self.E, self.H, self.G, self.S, self.R
-        home, home_host, num, den, capped, whole = self._consts(dev)
-        V = num.shape[0]
-
+        k = self._consts(counts.device)
         c = counts.sum(0)  # [E]
         total = c.sum()
-        L = torch.zeros(R, dtype=torch.long, device=dev).scatter_add(0, home, c)
-        # per-candidate target; num == 0 -> no replication
-        T = (total * num + R * den - 1) // (R * den)
-        T = torch.where(num > 0, T, torch.full_like(T, _BIG // (4 * R)))  # [V]
-
-        cv = c.expand(V, E)
+        L = torch.zeros_like(c[:self.R]).index_add_(0, k.home, c)
+        t = torch.addcmul(k.t_add, k.t_num, total) // k.t_div  # one per target
         _, by_load = _sort_desc(c)  # experts by load desc, ties to the lower id
-        # ---- stage 1: across hosts
-        if H > 1:
-            HL = L.view(H, G).sum(1)  # [H]
-            HT = T * G  # [V]
-            hx = (HL[None, :] - HT[:, None]).clamp(min=0)  # host excess [V, H]
-            before = _group_before(c[None, :], home_host, H, by_load)  # same for all
-            off1 = torch.minimum(cv, (hx.index_select(1, home_host) - before).clamp(min=0))
-            hspare = (HT[:, None] - HL[None, :]).clamp(min=0)
-            inc = _cut(off1, hspare, by_load)  # [V, E, H]
-            rem = cv - off1
-        else:
-            inc = torch.zeros((V, E, 1), dtype=torch.long, device=dev)
-            rem = cv
-        # ---- stage 2: inside each host
-        L1 = torch.zeros((V, R), dtype=torch.long, device=dev).scatter_add(
-            1, home.expand(V, E), rem)
-        gx = (L1 - T[:, None]).clamp(min=0)
-        before = _group_before(rem, home, R, by_load)
-        need = gx.gather(1, home.expand(V, E)) - before
-        off2 = torch.where(whole[:, None], (rem * (need > 0)),
-                           torch.minimum(rem, need.clamp(min=0)))
-        L1 = L1 - torch.zeros_like(L1).scatter_add(1, home.expand(V, E), off2)  # after giving
-        pieces = torch.zeros((V, H, E), dtype=torch.long, device=dev)
-        pieces.scatter_(1, home_host.expand(V, E)[:, None, :], off2[:, None, :])
-        pieces = pieces + inc.transpose(1, 2)  # [V, H, E]
-        # one fixed piece order per candidate (total piece size desc, then expert id)
-        # keep each host's K largest pieces (desc, ties to the lower expert id): a host has
-        # G * S slots, plus its G home GPUs where a whole-expert piece may return
-        K = min(E, G * (S + 1))
-        pkey = pieces * E + (E - 1 - torch.arange(E, device=dev))
-        kv, _ = torch.topk(pkey.reshape(V * H, E), K, dim=1)  # keys are unique
-        porder_b = E - 1 - kv % E  # [V*H, K] expert of each piece position
-        pieces = kv // E
-        spare = (T[:, None] - L1).clamp(min=0).reshape(V * H, G)
-        va = len(_APPORTION) * H
-        cap_b = capped[:, None].expand(-1, H).reshape(-1)
-        pa, pc = pieces[:va], pieces[va:]
-        sa, sc = spare[:va], spare[va:]
-        slot_pos, slot_a = [], []
-        for _ in range(S):  # apportion candidates: S rounds, one piece per GPU per round
-            eff = (pa * (pa >= self.min_piece))
-            p_k, a_k = _apportion(eff, sa, cap_b)
-            slot_pos.append(p_k)
-            slot_a.append(a_k)
-            pa = pa - torch.zeros_like(pa).scatter_add(1, p_k.clamp(min=0), a_k)
-            sa = (sa - a_k).clamp(min=0)
-        # cut candidates
-        eff = (pc * (pc >= self.min_piece))
-        pe = porder_b[va:]
-        hl = torch.where(home_host[pe] == torch.arange(V * H, device=dev)[va:, None] % H,
-                         home[pe] % G, -1)
-        last = whole[len(_APPORTION):, None].expand(-1, H).reshape(-1)
-        cpos, camt, chome = _cut_slots(eff, sc, S, hl, last)
-        for k in range(S):
-            slot_pos[k] = torch.cat([slot_pos[k], cpos[:, :, k]])
-            slot_a[k] = torch.cat([slot_a[k], camt[:, :, k]])
-            pc = pc - torch.zeros_like(pc).scatter_add(1, cpos[:, :, k].clamp(min=0),
-                                                         camt[:, :, k])
-        sc = (sc - camt.sum(2) - chome).clamp(min=0)
-        pieces = torch.cat([pa, pc])
-        spare = torch.cat([sa, sc])
-        # top-up: what is left of a piece goes to GPUs of the host that already hold a slot
-        # for that expert (no extra slot), up to their spare; done on the last slot column
-        # only (on the others it did not change a result in our sweeps, and costs ~20 ops)
-        for k in range(S - 1, S):
-            p_k = slot_pos[k]
-            has = p_k >= 0
-            left = pieces.gather(1, p_k.clamp(min=0))  # piece remainder seen by each slot
-            sp = (spare * (has))
-            # cut each piece's remainder over its holders in GPU order
-            key = torch.where(has, p_k, K)
-            _, o = torch.sort(key, dim=1, stable=True)
-            sp_o = sp.gather(1, o)
-            key_o = key.gather(1, o)
-            cs = sp_o.cumsum(1)
-            tot = torch.zeros((V * H, K + 1), dtype=torch.long, device=dev).scatter_add(
-                1, key_o, sp_o)
-            start = (tot.cumsum(1) - tot).gather(1, key_o)
-            incl = cs - start
-            left_o = left.gather(1, o)
-            give_o = (torch.minimum(incl, left_o) - (incl - sp_o)).clamp(min=0)
-            give = torch.empty_like(give_o).scatter_(1, o, give_o)
-            give = (give * (has))
-            slot_a[k] = slot_a[k] + give
-            pieces = pieces - torch.zeros_like(pieces).scatter_add(1, p_k.clamp(min=0), give)
-            spare = spare - give
-        slot_e = [torch.where(p >= 0, porder_b.gather(1, p.clamp(min=0)), -1) for p in slot_pos]
-        slot_expert = torch.stack(slot_e, -1).reshape(V, R, S)
-        slot_tokens = torch.stack(slot_a, -1).reshape(V, R, S)
-        if S == 1:
-            ge, gt = _greedy_one_slot(c, L, T[1], self._grouped(dev))
-            slot_expert = torch.cat([slot_expert, ge[None, :, None]])
-            slot_tokens = torch.cat([slot_tokens, gt[None, :, None]])
-            V += 1
-        # ---- per-candidate GPU loads: home load minus what replicas took, plus replica work
-        moved = torch.zeros((V, E + 1), dtype=torch.long, device=dev).scatter_add(
-            1, (slot_expert % (E + 1)).reshape(V, R * S), slot_tokens.reshape(V, R * S))[:, :E]
-        load = torch.zeros((V, R), dtype=torch.long, device=dev).scatter_add(
-            1, home.expand(V, E), c - moved) + slot_tokens.sum(2)
-        best = torch.argmin(load.max(1).values, dim=0, keepdim=True)  # first min
+        # stage 1 depends only on the target: done once per target, shared by both modes
+        rem, inc = self._across_hosts(k, c, L, t, by_load)
+        pieces, porder, spare = self._host_pieces(k, c, rem, inc, t)
+        experts, tokens = self._place(k, pieces, porder, spare)
+        experts, tokens = [k.none_expert, experts], [k.none_tokens, tokens]
+        if self.S == 1:
+            ge, gt = _greedy_one_slot(c, L, t[0], self._grouped(counts.device))
+            experts.append(ge.view(1, -1, 1))
+            tokens.append(gt.view(1, -1, 1))
+        slot_expert, slot_tokens = torch.cat(experts), torch.cat(tokens)
+        best, load, moved = self._select(k, c, slot_expert, slot_tokens)
         slot_expert = slot_expert.index_select(0, best)[0]
         slot_tokens = slot_tokens.index_select(0, best)[0]
-        load = load.index_select(0, best)[0]
-        moved = moved.index_select(0, best)[0]
-        flow, flat, q = _split_tokens(counts, c - moved, home, slot_expert, slot_tokens, H, G)
+        flow, flat, q = _split_tokens(counts, c - moved, k, slot_expert, slot_tokens,
+                                      self.H, self.G)
         return TopoEPPlan(slot_expert=slot_expert, slot_tokens=slot_tokens, flow=flow,
-                          copy_index=flat,
-                          expert_gpu=q, load=load, home_load=L, candidate=best[0],
-                          hosts=H, gpus_per_host=G)
+                          copy_index=flat, expert_gpu=q, load=load, home_load=L,
+                          candidate=best[0], hosts=self.H, gpus_per_host=self.G)
+
+    def _across_hosts(self, k, c, L, T, by_load):
+        """Stage 1: hosts above G*T give their largest experts' tokens away; a cumulative cut
+        hands the pieces to hosts with room. Per target T [n]: returns (home tokens left [n, E],
+        tokens each host receives [n, E, H])."""
+        E, H, G = self.E, self.H, self.G
+        cv = c.expand(T.shape[0], E)
+        if H == 1:
+            return cv, None
+        HL = L.view(H, G).sum(1)  # [H]
+        diff = HL - (T * G)[:, None]  # [V, H] host load minus host target
+        hx = diff.clamp(min=0)  # excess
+        order = torch.sort(k.host_key - c, stable=True).indices  # by host, load desc
+        before = _group_before(c[None, :], order, H)  # same for all candidates
+        off1 = torch.minimum(cv, (hx.index_select(1, k.home_host) - before).clamp(min=0))
+        inc = _cut(off1, hx - diff, by_load)  # hx - diff = room below the host target
+        return cv - off1, inc
+
+    def _host_pieces(self, k, c, rem, inc, t):
+        """Stage 2 inputs: overloaded GPUs give their largest experts' tokens away; with what
+        the host received those are the host's pieces. Per target (rem [n, E], inc, t [n]) and
+        mode (V = 2n candidates): each host's K largest pieces [V*H, K] (desc, ties to the
+        lower expert id), their experts, and GPU room [V*H, G]."""
+        n, V, E, H, G, R = t.shape[0], k.V, self.E, self.H, self.G, self.R
+        L1 = torch.zeros((n, R), dtype=torch.long, device=c.device).scatter_add_(
+            1, k.home_t, rem)
+        gx = (L1 - t[:, None]).clamp(min=0)
+        order = torch.sort(k.gpu_key - c, stable=True).indices  # by GPU, load desc
+        need = gx.gather(1, k.home_t) - _group_before(rem, order, R)
+        # [2, n, E]: donors give their excess / whole experts
+        off2 = torch.where(k.whole, rem * (need > 0), torch.minimum(rem, need.clamp(min=0)))
+        off2 = off2.view(V, E)
+        L1 = L1.repeat(2, 1) - torch.zeros((V, R), dtype=torch.long, device=c.device
+                                           ).scatter_add_(1, k.home_v, off2)  # after giving
+        if inc is None:
+            pieces = torch.zeros((V, H, E), dtype=torch.long, device=c.device)
+        else:
+            pieces = inc.transpose(1, 2).repeat(2, 1, 1)  # [V, H, E]
+        pieces.scatter_add_(1, k.home_host.expand(V, 1, E), off2[:, None, :])
+        # a host has G * S slots, plus its G home GPUs where a whole-expert piece may return
+        kv, _ = torch.topk((pieces * E + k.rev_e).view(V * H, E), k.K, dim=1)  # unique keys
+        porder = E - 1 - kv % E  # [V*H, K] expert of each piece position
+        spare = (t.repeat(2)[:, None] - L1).clamp(min=0).view(V * H, G)
+        return kv // E, porder, spare
+
+    def _place(self, k, pieces, porder, spare):
+        """Put the pieces into replica slots (one cumulative cut per host and candidate),
+        then top up. Returns [V, R, S] experts / tokens."""
+        V, G, S, R = k.V, self.G, self.S, self.R
+        if self.min_piece > 1:  # too small to be worth copying an expert's weights
+            pieces = pieces * (pieces >= self.min_piece)
+        home_local = torch.where(k.home_host[porder] == k.row_host, k.home_local[porder], -1)
+        pos, amt, home_amt = _cut_slots(pieces, spare, S, home_local, k.homes_last, k.rev_k)
+        flat_pos = pos.clamp(min=0).view(-1, G * S)
+        left = pieces - torch.zeros_like(pieces).scatter_add_(1, flat_pos, amt.view(-1, G * S))
+        room = (spare - amt.sum(2) - home_amt).clamp(min=0)
+        amt = _top_up(pos, amt, left, room, k.K)
+        slot_e = torch.where(pos >= 0, porder.gather(1, flat_pos).view(pos.shape), -1)
+        return slot_e.view(V, R, S), amt.view(V, R, S)
+
+    def _select(self, k, c, slot_expert, slot_tokens):
+        """Per-candidate GPU loads (home load minus what replicas took, plus replica work);
+        the lowest max load wins, ties to the earliest candidate."""
+        V, E, R, S = slot_expert.shape[0], self.E, self.R, self.S
+        moved = torch.zeros((V, E + 1), dtype=torch.long, device=c.device).scatter_add_(
+            1, (slot_expert % (E + 1)).view(V, R * S), slot_tokens.view(V, R * S))[:, :E]
+        load = torch.zeros((V, R), dtype=torch.long, device=c.device).scatter_add_(
+            1, k.home.expand(V, E), c - moved) + slot_tokens.sum(2)
+        best = torch.argmin(load.max(1).values, dim=0, keepdim=True)  # first min
+        return best, load.index_select(0, best)[0], moved.index_select(0, best)[0]
+
+
+def _top_up(pos, amt, pieces, spare, K: int):
+    """What is left of a piece goes to GPUs of the host that already hold a slot for that
+    expert (no extra slot), up to their spare; done on the last slot column only (on the
+    others it did not change a result in our sweeps, and costs ~20 ops)."""
+    p_k = pos[:, :, -1]
+    has = p_k >= 0
+    left = pieces.gather(1, p_k.clamp(min=0))  # piece remainder seen by each slot
+    # cut each piece's remainder over its holders in GPU order
+    key = torch.where(has, p_k, K)
+    key_o, o = torch.sort(key, dim=1, stable=True)
+    sp_o = (spare * has).gather(1, o)
+    tot = torch.zeros((key.shape[0], K + 1), dtype=torch.long, device=key.device)
+    tot.scatter_add_(1, key_o, sp_o)
+    incl = sp_o.cumsum(1) - (tot.cumsum(1) - tot).gather(1, key_o)
+    give_o = (torch.minimum(incl, left.gather(1, o)) - (incl - sp_o)).clamp(min=0)
+    give = torch.empty_like(give_o).scatter_(1, o, give_o) * has
+    amt[:, :, -1] += give
+    return amt
 
 
 def _greedy_one_slot(c: torch.Tensor, L: torch.Tensor, T: torch.Tensor, grouped: torch.Tensor):
@@ -499,35 +490,32 @@ def _greedy_one_slot(c: torch.Tensor, L: torch.Tensor, T: torch.Tensor, grouped:
     return expert[:R], tokens[:R]
 
 
-def _split_tokens(counts, home_amt, home, slot_expert, slot_tokens, H: int, G: int):
+def _split_tokens(counts, home_amt, k, slot_expert, slot_tokens, H: int, G: int):
     """tokens[r, e, g]: per expert, sources fill the copies on their own host first
     (north-west-corner cut inside each host), only the remainder crosses hosts.
 
     Works on the list of copies (E home copies + R*S slot copies), so the cost is O(R * C)
     plus writing the [R, E, R] result."""
     R, E = counts.shape
-    S = slot_expert.shape[1]
     dev = counts.device
-    gpu = torch.cat([home, torch.arange(R * S, device=dev) // S])  # [C]
-    exp = torch.cat([torch.arange(E, device=dev), slot_expert.reshape(-1) % (E + 1)])
+    # an empty slot (-1) becomes a zero-token copy of expert 0: it gets no flow
+    exp = torch.cat([k.copy_exp_home, slot_expert.view(-1).clamp(min=0)])
     # int32 inside (token counts per layer < 2**31): half the memory traffic
-    amt = torch.cat([home_amt, slot_tokens.reshape(-1)]).to(torch.int32)
-    ghost = gpu // G
-    # order copies by (expert, host, gpu); empty slots (expert E) go last
-    key = (exp * H + ghost) * R + gpu
-    _, order = torch.sort(key, stable=True)
-    gpu, exp, amt, ghost = (t.index_select(0, order) for t in (gpu, exp, amt, ghost))
-    # work in [copy, source rank] layout (row gathers are fast); expert E = empty slot
-    cnt = torch.cat([counts.t().to(torch.int32),
-                     torch.zeros((1, R), dtype=torch.int32, device=dev)])  # [E+1, R]
-    src_host = torch.arange(R, device=dev) // G
+    amt = torch.cat([home_amt, slot_tokens.view(-1)]).to(torch.int32)
+    # order copies by (expert, host, gpu)
+    key, order = torch.sort(exp * (H * R) + k.copy_gpu_key, stable=True)
+    eh = key // R  # (expert, host) group id, sorted ascending
+    exp = eh // H
+    gpu = key % R
+    amt = amt.index_select(0, order)
+    # work in [copy, source rank] layout (row gathers are fast)
+    cnt = counts.t().to(torch.int32)  # [E, R]
     # -- pass 1: inside each host. Supply of source r (host h) for expert e, cumulated in host.
-    a_in = cnt.view(E + 1, H, G).cumsum(2, dtype=torch.int32).view(E + 1, R)  # inclusive, per host
+    a_in = cnt.view(E, H, G).cumsum(2, dtype=torch.int32).view(E, R)  # inclusive, per host
     a_in_prev = a_in - cnt
-    sup_tot = a_in.view(E + 1, H, G)[:, :, G - 1]  # [E+1, H]
+    sup_tot = a_in.view(E, H, G)[:, :, G - 1]  # [E, H]
     # copy amounts cumulated inside their (expert, host) group
-    eh = exp * H + ghost  # group id, sorted ascending
-    dem_eh = torch.zeros((E + 1) * H, dtype=amt.dtype, device=dev).scatter_add(0, eh, amt)
+    dem_eh = torch.zeros(E * H, dtype=amt.dtype, device=dev).scatter_add_(0, eh, amt)
     grp_start = dem_eh.cumsum(0, dtype=torch.int32) - dem_eh
     b_in = amt.cumsum(0, dtype=torch.int32) - grp_start.index_select(0, eh)  # inclusive within group
     lim = torch.minimum(sup_tot.reshape(-1), dem_eh).index_select(0, eh)  # [C]
@@ -535,19 +523,18 @@ def _split_tokens(counts, home_amt, home, slot_expert, slot_tokens, H: int, G: i
     lo = torch.maximum(a_in_prev.index_select(0, exp), (b_in - amt)[:, None])
     flow = (hi - lo).clamp(min=0)  # [C, R]
     if H > 1:
-        flow = flow * (ghost[:, None] == src_host[None, :])
+        flow = flow * (eh % H)[:, None].eq(k.src_host)
         # -- pass 2: the remainder, across hosts (north-west corner per expert)
         cnt2 = cnt - torch.zeros_like(cnt).index_add_(0, exp, flow)
         amt2 = amt - flow.sum(1, dtype=torch.int32)
         a2 = cnt2.cumsum(1, dtype=torch.int32)
-        dem_e = torch.zeros(E + 1, dtype=amt.dtype, device=dev).scatter_add(0, exp, amt2)
+        dem_e = torch.zeros(E, dtype=amt.dtype, device=dev).scatter_add_(0, exp, amt2)
         b2 = amt2.cumsum(0, dtype=torch.int32) - (dem_e.cumsum(0, dtype=torch.int32) - dem_e).index_select(0, exp)
         hi2 = torch.minimum(a2.index_select(0, exp), b2[:, None])
         lo2 = torch.maximum((a2 - cnt2).index_select(0, exp), (b2 - amt2)[:, None])
         flow = flow + (hi2 - lo2).clamp(min=0)
     flow = flow.t()  # [R, C] (a view)
-    # empty slots carry no tokens: fold their (zero) flow onto a real index
-    flat = exp.clamp(max=E - 1) * R + gpu
+    flat = exp * R + gpu
     q = torch.zeros(E * R, dtype=torch.long, device=dev).scatter_add(0, flat, amt.long())
     return flow, flat, q.view(E, R)
 
