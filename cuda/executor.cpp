@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "streaming_copy.h"
+
 namespace hoccl {
 
 char* Executor::resolve(const Loc& loc, const ExecContext& ctx) const {
@@ -34,7 +36,12 @@ void Executor::copy(const Step& step, const ExecContext& ctx) {
     return;
   }
   const char* src = resolve(step.src, ctx);
-  if (dst != src) std::memcpy(dst, src, static_cast<size_t>(step.bytes));
+  if (dst == src) return;
+  // The op's outputs are not read again by this op (peers read published outputs only after a
+  // barrier, and the sfence in streamingCopy orders the bytes before it): bypass the cache.
+  bool streaming = step.dst.space == Space::Out && streamingMinBytes_ > 0 && step.bytes >= streamingMinBytes_;
+  if (streaming) streamingCopy(dst, src, static_cast<size_t>(step.bytes));
+  else std::memcpy(dst, src, static_cast<size_t>(step.bytes));
 }
 
 void Executor::reduce(const Step& step, const ExecContext& ctx) {

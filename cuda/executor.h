@@ -25,7 +25,8 @@ struct ExecContext {
 
 class Executor {
  public:
-  explicit Executor(ShmGroup& group) : group_(group) {}
+  // Copies into the op's outputs of at least streamingMinBytes (> 0) use streaming stores.
+  Executor(ShmGroup& group, int64_t streamingMinBytes) : group_(group), streamingMinBytes_(streamingMinBytes) {}
   void run(const Plan& plan, ExecContext& ctx);
   // Barrier index the next barrier will use (parity selects descriptor/split buffers).
   uint32_t nextBarrier() const { return barriers_ + 1; }
@@ -37,6 +38,7 @@ class Executor {
   void copy(const Step& step, const ExecContext& ctx);
   void reduce(const Step& step, const ExecContext& ctx);
   ShmGroup& group_;
+  int64_t streamingMinBytes_;
   uint32_t addressParity_ = 0;  // parity of the current op's first barrier
   std::vector<char> tiles_;     // per-source staging for reductions over remote memory
   uint32_t barriers_ = 0;

@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "streaming_copy.h"
+
 #if __has_include("varipath_scheduler.h")
 #include "varipath_scheduler.h"
 #define HOCCL_HAVE_VARIOPATH 1
@@ -137,6 +139,7 @@ HocclConfig HocclConfig::fromEnv(int world) {
   else if (cma == "1" || cma == "on") c.shm.crossMemory = 1;
   else throw std::invalid_argument("hoccl: HOCCL_SHM_CMA=" + cma + " is not one of auto, 0, 1");
   c.inlineMaxBytes = envBytes("HOCCL_INLINE_BYTES", 64 << 10);
+  c.streamingCopyMinBytes = envBytes("HOCCL_STREAMING_COPY_BYTES", static_cast<int64_t>(kStreamingCopyMinBytes));
   c.cudaViaHostOnly = envString("HOCCL_CUDA_TRANSPORT", "ce") == "host";
   std::string dbg = envString("HOCCL_DEBUG", "");
   c.debug = dbg == "TRACE" ? 2 : (dbg == "INFO" ? 1 : 0);
@@ -186,7 +189,7 @@ ProcessGroupHOCCL::ProcessGroupHOCCL(const c10::intrusive_ptr<c10d::Store>& stor
     : c10d::Backend(rank, size), timeout_(timeout), store_(store), config_(HocclConfig::fromEnv(size)) {
   checkSingleHost(store, rank, size, timeout);
   group_ = std::make_unique<ShmGroup>(store, rank, size, config_.shm, timeout);
-  executor_ = std::make_unique<Executor>(*group_);
+  executor_ = std::make_unique<Executor>(*group_, config_.streamingCopyMinBytes);
   worker_ = std::thread([this] { workerLoop(); });
 }
 

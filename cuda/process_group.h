@@ -63,8 +63,9 @@ struct HocclConfig {
   ShmConfig shm;
   int64_t oneShotMaxBytes = 64 << 10;
   int64_t crossMemoryMinBytes = 256 << 10;
-  int64_t inlineMaxBytes = 64 << 10;
-  bool cudaViaHostOnly = false;  // HOCCL_CUDA_TRANSPORT=host  // run smaller collectives on the caller's thread when idle
+  int64_t inlineMaxBytes = 64 << 10;  // run smaller collectives on the caller's thread when idle
+  int64_t streamingCopyMinBytes = 1 << 20;  // copies into outputs from this size bypass the cache
+  bool cudaViaHostOnly = false;  // HOCCL_CUDA_TRANSPORT=host
   int debug = 0;  // 0 off, 1 INFO, 2 TRACE
   AllToAllAlgo alltoall = AllToAllAlgo::Direct;
   static HocclConfig fromEnv(int world);

@@ -16,11 +16,13 @@ SMALL_SLOTS = {"HOCCL_SHM_SLOT_BYTES": "65536", "HOCCL_SHM_RING_BYTES": "16384"}
 
 def env_for(world: int, **extra) -> dict:
     """Each world size exercises a different data path, so all of them are covered:
-    world 2 stages everything through shared memory (cross-memory reads off), world 3 reads
+    world 2 stages everything through shared memory (cross-memory reads off) and copies into
+    outputs with streaming stores from 100 bytes (odd sizes and alignments), world 3 reads
     peers' buffers directly from 4 KiB up, world 4 uses the defaults (direct reads >= 256 KiB)."""
     env = dict(SMALL_SLOTS, **extra)
     if world == 2:
         env["HOCCL_SHM_CMA"] = "0"
+        env["HOCCL_STREAMING_COPY_BYTES"] = "100"
     elif world == 3:
         env["HOCCL_CMA_MIN_BYTES"] = "4096"
     return env
