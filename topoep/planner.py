@@ -35,6 +35,9 @@ import torch
 # home to a piece ordered last (chains, see _cut_slots). With one slot per GPU a sequential
 # greedy is the last candidate.
 _TARGETS = ((1, 1), (129, 128), (33, 32))
+# targets of the one-slot greedy: a little slack often leaves room for the last pieces
+_GREEDY_TARGETS = ((1, 1), (1001, 1000), (401, 400), (201, 200), (129, 128), (101, 100),
+                   (81, 80), (65, 64), (51, 50), (41, 40), (33, 32), (26, 25), (17, 16), (9, 8))
 _BIG = 1 << 62
 
 
@@ -281,6 +284,9 @@ class TopoEPPlanner:
         k.t_add = R * den - 1  # T = (total * num + R * den - 1) // (R * den)
         k.t_div = R * den
         k.t_num = num
+        gnum = torch.tensor([n for n, _ in _GREEDY_TARGETS])
+        gden = torch.tensor([d for _, d in _GREEDY_TARGETS])
+        k.g_add, k.g_div, k.g_num = R * gden - 1, R * gden, gnum
         k.whole = torch.tensor([False, True])[:, None, None]  # [mode, target, expert]
         k.none_expert = torch.full((1, R, S), -1)  # the "no replication" candidate
         k.none_tokens = torch.zeros((1, R, S), dtype=torch.long)
@@ -349,9 +355,10 @@ class TopoEPPlanner:
         experts, tokens = self._place(k, pieces, porder, spare)
         experts, tokens = [k.none_expert, experts], [k.none_tokens, tokens]
         if self.S == 1:
-            ge, gt = _greedy_one_slot(c, L, t[0], self._grouped(counts.device))
-            experts.append(ge.view(1, -1, 1))
-            tokens.append(gt.view(1, -1, 1))
+            tg = torch.addcmul(k.g_add, k.g_num, total) // k.g_div
+            ge, gt = _greedy_one_slot(c, L, tg, self._grouped(counts.device))
+            experts.append(ge[:, :, None])
+            tokens.append(gt[:, :, None])
         slot_expert, slot_tokens = torch.cat(experts), torch.cat(tokens)
         best, load, moved = self._select(k, c, slot_expert, slot_tokens)
         slot_expert = slot_expert.index_select(0, best)[0]
@@ -454,40 +461,39 @@ def _top_up(pos, amt, pieces, spare, K: int):
 
 
 def _greedy_one_slot(c: torch.Tensor, L: torch.Tensor, T: torch.Tensor, grouped: torch.Tensor):
-    """Sequential greedy for one replica slot per GPU: R steps, each moves tokens of the most
-    loaded GPU's largest remaining home expert into the free slot with the most room (the whole
-    expert if it fits, so a donor may drop below T and its own slot takes a later piece: chains).
+    """Sequential greedy for one replica slot per GPU, batched over targets T [B]: R steps,
+    each moves tokens of the most loaded GPU's largest remaining home expert into the free slot
+    with the most room below T (the whole expert if it fits, so a donor may drop below T and
+    its own slot takes a later piece: chains).
 
-    With one slot per GPU the batched apportion/cut candidates often strand a donor's remainder
-    with no free slot that fits; this greedy reaches the optimum on most such inputs. Each step
-    is ~15 small ops, so it runs only for slots_per_gpu == 1. Returns (expert [R], tokens [R])
-    of each GPU's slot (-1 / 0 = empty)."""
+    With one slot per GPU the cut candidates often strand a donor's remainder with no free
+    slot that fits; this greedy reaches the optimum on most such inputs, and a target a little
+    above the mean often leaves the room that the last pieces need. Each step is ~20 small
+    ops, so it runs only for slots_per_gpu == 1. Returns (expert [B, R], tokens [B, R]) of
+    each GPU's slot (-1 / 0 = empty)."""
     R, m = grouped.shape
-    dev = c.device
-    rem = c.index_select(0, grouped.reshape(-1)).view(R, m)  # home tokens not yet moved
-    load = L.clone()
-    # spare of GPUs whose slot is still free; a used slot is pushed far below any real spare
-    room = T - load
-    used = torch.tensor([-_BIG], device=dev)
+    B = T.shape[0]
+    rem = c.index_select(0, grouped.view(-1)).expand(B, R * m).clone()  # home tokens left
+    room = T[:, None] - L  # [B, R] below the target; the most loaded GPU has the least
+    used = torch.zeros_like(room)  # -BIG once a GPU's slot is taken
     steps = []
     for _ in range(R):
-        d = load.argmax().view(1)  # first max: ties to the lower GPU
-        top, xl = rem.index_select(0, d).max(1)  # the donor's largest remaining expert
-        s, r = room.max(0, keepdim=True)
-        amt = torch.minimum(top, s).clamp(min=0) * (load.index_select(0, d) > T)
-        rem.index_put_((d, xl), -amt, accumulate=True)
-        load.index_add_(0, d, -amt)
-        load.index_add_(0, r, amt)
-        room.index_add_(0, d, amt)
-        room.index_add_(0, r, torch.where(amt > 0, used - amt, 0))
-        steps.append(torch.stack([r, d * m + xl, amt]))
-    r, xg, amt = torch.cat(steps, 1)
+        d = room.argmin(1, keepdim=True)  # the most loaded GPU (first: the lower id)
+        top, xl = rem.view(B, R, m).gather(1, d[:, :, None].expand(B, 1, m)).max(2)
+        s, r = (room + used).max(1, keepdim=True)  # the free slot with the most room
+        amt = torch.minimum(top, s).clamp(min=0) * (room.gather(1, d) < 0)
+        x = d * m + xl
+        rem.scatter_add_(1, x, -amt)
+        room.scatter_add_(1, torch.cat([d, r], 1), torch.cat([amt, -amt], 1))
+        used.scatter_add_(1, r, (amt > 0) * -_BIG)
+        steps.append(torch.stack([r, x, amt]))
+    r, x, amt = torch.cat(steps, 2)  # [B, R] each
     # every GPU's slot is filled at most once; steps that moved nothing write a spare column
     dst = torch.where(amt > 0, r, R)
-    expert = torch.full((R + 1,), -1, dtype=torch.long, device=dev).scatter_(
-        0, dst, grouped.reshape(-1).index_select(0, xg))
-    tokens = torch.zeros(R + 1, dtype=torch.long, device=dev).scatter_(0, dst, amt)
-    return expert[:R], tokens[:R]
+    expert = torch.full((B, R + 1), -1, dtype=torch.long, device=c.device).scatter_(
+        1, dst, grouped.view(-1)[x])
+    tokens = torch.zeros((B, R + 1), dtype=torch.long, device=c.device).scatter_(1, dst, amt)
+    return expert[:, :R], tokens[:, :R]
 
 
 def _split_tokens(counts, home_amt, k, slot_expert, slot_tokens, H: int, G: int):
