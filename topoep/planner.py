@@ -200,9 +200,7 @@ def _cut_slots(ps: torch.Tensor, spare: torch.Tensor, slots: int, home_local: to
     hi = torch.minimum(ap[:, :, None], ar[:, None, :])
     ov = (hi - lo).clamp(min=0)  # [B, P, N]
     # a piece landing on its expert's home GPU needs no slot: it stays unassigned (= home)
-    at_home = home_local[:, :, None] == so[:, None, :]
-    home_amt = (ov * (at_home)).sum(1)  # [B, N] spare used by own experts
-    ov = torch.where(at_home, 0, ov)
+    ov = torch.where(home_local[:, :, None] == so[:, None, :], 0, ov)
     key = ov * p + rev[None, :, None]
     if p < slots:  # fewer pieces than slots: pad with empty (zero-amount) pieces
         key = torch.cat([key, key.new_zeros((b, slots - p, n))], 1)
@@ -214,8 +212,7 @@ def _cut_slots(ps: torch.Tensor, spare: torch.Tensor, slots: int, home_local: to
     dst = so[:, :, None].expand(b, n, slots)
     out_p = pos.new_empty((b, n, slots)).scatter_(1, dst, pos)  # contiguous, GPU order
     out_a = amt.new_empty((b, n, slots)).scatter_(1, dst, amt)
-    out_h = torch.empty_like(home_amt).scatter_(1, so, home_amt)
-    return out_p, out_a, out_h
+    return out_p, out_a
 
 
 # --------------------------------------------------------------------------- planner
@@ -414,17 +411,15 @@ class TopoEPPlanner:
         return kv // E, porder, spare
 
     def _place(self, k, pieces, porder, spare):
-        """Put the pieces into replica slots (one cumulative cut per host and candidate),
-        then top up. Returns [V, R, S] experts / tokens."""
+        """Put the pieces into replica slots (one cumulative cut per host and candidate).
+        Returns [V, R, S] experts / tokens. (Topping up GPUs that already hold an expert with
+        its leftover never lowered the winning max load in our sweeps: not done.)"""
         V, G, S, R = k.V, self.G, self.S, self.R
         if self.min_piece > 1:  # too small to be worth copying an expert's weights
             pieces = pieces * (pieces >= self.min_piece)
         home_local = torch.where(k.home_host[porder] == k.row_host, k.home_local[porder], -1)
-        pos, amt, home_amt = _cut_slots(pieces, spare, S, home_local, k.homes_last, k.rev_k)
+        pos, amt = _cut_slots(pieces, spare, S, home_local, k.homes_last, k.rev_k)
         flat_pos = pos.clamp(min=0).view(-1, G * S)
-        left = pieces - torch.zeros_like(pieces).scatter_add_(1, flat_pos, amt.view(-1, G * S))
-        room = (spare - amt.sum(2) - home_amt).clamp(min=0)
-        amt = _top_up(pos, amt, left, room, k.K)
         slot_e = torch.where(pos >= 0, porder.gather(1, flat_pos).view(pos.shape), -1)
         return slot_e.view(V, R, S), amt.view(V, R, S)
 
@@ -438,26 +433,6 @@ class TopoEPPlanner:
             1, k.home.expand(V, E), c - moved) + slot_tokens.sum(2)
         best = torch.argmin(load.max(1).values, dim=0, keepdim=True)  # first min
         return best, load.index_select(0, best)[0], moved.index_select(0, best)[0]
-
-
-def _top_up(pos, amt, pieces, spare, K: int):
-    """What is left of a piece goes to GPUs of the host that already hold a slot for that
-    expert (no extra slot), up to their spare; done on the last slot column only (on the
-    others it did not change a result in our sweeps, and costs ~20 ops)."""
-    p_k = pos[:, :, -1]
-    has = p_k >= 0
-    left = pieces.gather(1, p_k.clamp(min=0))  # piece remainder seen by each slot
-    # cut each piece's remainder over its holders in GPU order
-    key = torch.where(has, p_k, K)
-    key_o, o = torch.sort(key, dim=1, stable=True)
-    sp_o = (spare * has).gather(1, o)
-    tot = torch.zeros((key.shape[0], K + 1), dtype=torch.long, device=key.device)
-    tot.scatter_add_(1, key_o, sp_o)
-    incl = sp_o.cumsum(1) - (tot.cumsum(1) - tot).gather(1, key_o)
-    give_o = (torch.minimum(incl, left.gather(1, o)) - (incl - sp_o)).clamp(min=0)
-    give = torch.empty_like(give_o).scatter_(1, o, give_o) * has
-    amt[:, :, -1] += give
-    return amt
 
 
 def _greedy_one_slot(c: torch.Tensor, L: torch.Tensor, T: torch.Tensor, grouped: torch.Tensor):
