@@ -137,6 +137,8 @@ class ProcessGroupHOCCL : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  // Synchronous, on the caller's thread, over the store (monitored_barrier.cpp).
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) override;
 
  private:
   struct Collective;  // one validated, ready-to-run collective
@@ -202,6 +204,7 @@ class ProcessGroupHOCCL : public c10d::Backend {
   std::unique_ptr<P2PEngine> p2p_;
   std::mutex p2pMutex_;
   uint32_t opSeq_ = 0;  // worker thread only
+  uint64_t monitoredBarriers_ = 0;  // calls so far: keys of each call are fresh
 
   std::mutex queueMutex_;
   std::condition_variable queueCv_;

@@ -7,10 +7,11 @@ Importing this package registers the "hoccl" backend name (torch also does this 
 `import torch` through the `torch.backends` entry point when hoccl is installed).
 """
 from hoccl_backend._registration import BACKEND_NAME, register
+from hoccl_backend.monitored import monitored_barrier
 
 register()
 
-__all__ = ["BACKEND_NAME", "register", "load_extension"]
+__all__ = ["BACKEND_NAME", "register", "load_extension", "monitored_barrier"]
 __version__ = "0.1.0"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -141,3 +142,36 @@ def recv_without_sender(rank, world):
 def test_recv_without_sender_times_out():
     results = run_ranks(recv_without_sender, 2, pg_timeout=2, timeout=60)
     assert results[0][1] < 2 + 3
+
+
+def monitored_barriers(rank, world):
+    import hoccl_backend
+
+    out = {}
+    hoccl_backend.monitored_barrier(timeout=timedelta(seconds=20))  # everyone arrives
+    # Rank 2 stays away: rank 0 names it, rank 1 learns rank 0 failed.
+    if rank != 2:
+        out["one"] = expect_error(lambda: hoccl_backend.monitored_barrier(timeout=timedelta(seconds=1)),
+                                  f"Rank {rank}")
+    # Ranks 1 and 2 stay away; with wait_all_ranks rank 0 names both.
+    if rank == 0:
+        start = time.monotonic()
+        out["all"] = expect_error(
+            lambda: hoccl_backend.monitored_barrier(timeout=timedelta(seconds=1), wait_all_ranks=True),
+            "Ranks 1, 2 failed to pass monitoredBarrier")
+        out["all_s"] = time.monotonic() - start
+    dist.barrier()  # the group is still usable after refused monitored barriers
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    out["sum"] = t
+    return out
+
+
+def test_monitored_barrier_names_missing_ranks():
+    results = run_ranks(monitored_barriers, 3, pg_timeout=30, timeout=120)
+    assert "Rank 2 failed to pass monitoredBarrier" in results[0]["one"]
+    assert "Rank 1 successfully reached monitoredBarrier" in results[1]["one"]
+    assert "rank 0" in results[1]["one"]
+    assert "Ranks 1, 2 failed" in results[0]["all"] and results[0]["all_s"] < 5
+    for r in results:
+        assert torch.equal(r["sum"], torch.full((4,), 3.0))

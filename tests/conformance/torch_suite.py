@@ -37,6 +37,9 @@ if os.environ.get("HOCCL_AS_GLOO") == "1":
         return _init(*args, **kwargs)
 
     _dist.init_process_group = _init_as_hoccl
+    # torch's dist.monitored_barrier checks the backend's name before calling the backend;
+    # hoccl_backend.monitored_barrier is the same call without that gate.
+    _dist.monitored_barrier = hoccl_backend.monitored_barrier
     os.environ["BACKEND"] = "gloo"
 
 if os.environ["BACKEND"] == "hoccl":
