@@ -490,30 +490,32 @@ def _split_tokens(counts, home_amt, k, slot_expert, slot_tokens, H: int, G: int)
     gpu = key % R
     amt = amt.index_select(0, order)
     # work in [copy, source rank] layout (row gathers are fast)
-    cnt = counts.t().to(torch.int32)  # [E, R]
-    # -- pass 1: inside each host. Supply of source r (host h) for expert e, cumulated in host.
-    a_in = cnt.view(E, H, G).cumsum(2, dtype=torch.int32).view(E, R)  # inclusive, per host
-    a_in_prev = a_in - cnt
-    sup_tot = a_in.view(E, H, G)[:, :, G - 1]  # [E, H]
+    cnt = counts.t().to(torch.int32, memory_format=torch.contiguous_format)  # [E, R]
+    # -- pass 1: inside each host, on [copy, source GPU of the copy's host] only.
+    # Supply of source r (host h) for expert e, cumulated in host: rows (expert, host).
+    cnt_h = cnt.view(E * H, G)
+    a_in = cnt_h.cumsum(1, dtype=torch.int32)  # inclusive, per host
+    sup_tot = a_in[:, G - 1]  # [E*H]
     # copy amounts cumulated inside their (expert, host) group
     dem_eh = torch.zeros(E * H, dtype=amt.dtype, device=dev).scatter_add_(0, eh, amt)
     grp_start = dem_eh.cumsum(0, dtype=torch.int32) - dem_eh
     b_in = amt.cumsum(0, dtype=torch.int32) - grp_start.index_select(0, eh)  # inclusive within group
-    lim = torch.minimum(sup_tot.reshape(-1), dem_eh).index_select(0, eh)  # [C]
-    hi = torch.minimum(torch.minimum(a_in.index_select(0, exp), b_in[:, None]), lim[:, None])
-    lo = torch.maximum(a_in_prev.index_select(0, exp), (b_in - amt)[:, None])
-    flow = (hi - lo).clamp(min=0)  # [C, R]
+    lim = torch.minimum(sup_tot, dem_eh).index_select(0, eh)  # [C]
+    hi = torch.minimum(torch.minimum(a_in.index_select(0, eh), b_in[:, None]), lim[:, None])
+    lo = torch.maximum((a_in - cnt_h).index_select(0, eh), (b_in - amt)[:, None])
+    flow = (hi - lo).clamp(min=0)  # [C, G]
     if H > 1:
-        flow = flow * (eh % H)[:, None].eq(k.src_host)
         # -- pass 2: the remainder, across hosts (north-west corner per expert)
-        cnt2 = cnt - torch.zeros_like(cnt).index_add_(0, exp, flow)
+        cnt2 = cnt - torch.zeros_like(cnt_h).index_add_(0, eh, flow).view(E, R)
         amt2 = amt - flow.sum(1, dtype=torch.int32)
         a2 = cnt2.cumsum(1, dtype=torch.int32)
         dem_e = torch.zeros(E, dtype=amt.dtype, device=dev).scatter_add_(0, exp, amt2)
         b2 = amt2.cumsum(0, dtype=torch.int32) - (dem_e.cumsum(0, dtype=torch.int32) - dem_e).index_select(0, exp)
         hi2 = torch.minimum(a2.index_select(0, exp), b2[:, None])
         lo2 = torch.maximum((a2 - cnt2).index_select(0, exp), (b2 - amt2)[:, None])
-        flow = flow + (hi2 - lo2).clamp(min=0)
+        # add pass 1's flows into the copy's own host block
+        flow = (hi2 - lo2).clamp(min=0).view(-1, H, G).scatter_add_(
+            1, (eh % H).view(-1, 1, 1).expand(-1, 1, G), flow[:, None, :]).view(-1, R)
     flow = flow.t()  # [R, C] (a view)
     flat = exp * R + gpu
     q = torch.zeros(E * R, dtype=torch.long, device=dev).scatter_add(0, flat, amt.long())
