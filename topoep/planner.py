@@ -453,13 +453,15 @@ def _greedy_one_slot(c: torch.Tensor, L: torch.Tensor, T: torch.Tensor, grouped:
     used = torch.zeros_like(room)  # -BIG once a GPU's slot is taken
     steps = []
     for _ in range(R):
-        d = room.argmin(1, keepdim=True)  # the most loaded GPU (first: the lower id)
-        top, xl = rem.view(B, R, m).gather(1, d[:, :, None].expand(B, 1, m)).max(2)
+        rd, d = room.min(1, keepdim=True)  # the most loaded GPU (first: the lower id)
+        # its largest remaining home expert
+        top, x = rem.view(B, R, m).gather(1, d[:, :, None].expand(B, 1, m)).max(2)
+        x = x + d * m
         s, r = (room + used).max(1, keepdim=True)  # the free slot with the most room
-        amt = torch.minimum(top, s).clamp(min=0) * (room.gather(1, d) < 0)
-        x = d * m + xl
+        amt = torch.minimum(top, s).clamp(min=0) * (rd < 0)
         rem.scatter_add_(1, x, -amt)
-        room.scatter_add_(1, torch.cat([d, r], 1), torch.cat([amt, -amt], 1))
+        room.scatter_add_(1, d, amt)
+        room.scatter_add_(1, r, -amt)
         used.scatter_add_(1, r, (amt > 0) * -_BIG)
         steps.append(torch.stack([r, x, amt]))
     r, x, amt = torch.cat(steps, 2)  # [B, R] each
