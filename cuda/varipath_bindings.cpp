@@ -74,6 +74,15 @@ PYBIND11_MODULE(_scheduler, m) {
           },
           py::arg("eta_beta") = 0.0, py::arg("eta_min") = 1.0, py::arg("copy_engines") = 0)
       .def(
+          "set_candidates",
+          [](Scheduler& s, bool channels, bool link_greedy, bool peer_rounds, bool direct) {
+            s.set_candidates((channels ? Scheduler::kCatalogChannels : 0) | (link_greedy ? Scheduler::kLinkGreedy : 0) |
+                             (peer_rounds ? Scheduler::kPeerRounds : 0) | (direct ? Scheduler::kDirect : 0));
+          },
+          py::arg("channels") = true, py::arg("link_greedy") = true, py::arg("peer_rounds") = true,
+          py::arg("direct") = true,
+          "Candidate families plan() chooses from (tests and experiments).")
+      .def(
           "plan", [](const Scheduler& s, const std::vector<int64_t>& d) { return to_python(s.plan(d)); },
           py::arg("demand"), "Phases covering the n*n row-major demand exactly.")
       .def(
@@ -86,7 +95,12 @@ PYBIND11_MODULE(_scheduler, m) {
             meta["channel_phases"] = info.channel_phases;
             meta["merge_factor"] = info.merge_factor;
             meta["quantum_bytes"] = info.quantum_bytes;
-            meta["candidate"] = info.peer_rounds ? "peer_rounds" : "channels";
+            meta["candidates"] = info.candidates;
+            meta["simulated"] = info.simulated;
+            meta["candidate"] = info.family == Scheduler::kPeerRounds   ? "peer_rounds"
+                                : info.family == Scheduler::kLinkGreedy ? "link_greedy"
+                                : info.family == Scheduler::kDirect     ? "direct"
+                                                                        : "channels";
             return py::make_tuple(phases, meta);
           },
           py::arg("demand"))

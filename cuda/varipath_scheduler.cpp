@@ -27,6 +27,17 @@ std::string pair_name(int p, int n) {
 constexpr double kMinWeight = 0.05;
 // A phase led by the bottleneck pair must last at least this fraction of its longest transfer.
 constexpr double kMinSpanFraction = 0.25;
+// At most this many candidates per plan are costed with the event model (in bound order).
+constexpr int kMaxSimulated = 4;
+// See Scheduler::worth_fusing().
+constexpr double kFuseLatencyShare = 0.02;
+// The event model's cost grows with flows x completions: fused phases with more flows than this
+// are not simulated (nor chosen; the unfused link-greedy plan is always exact).
+constexpr std::size_t kMaxSimulatedFlows = 1024;
+// See decompositions().
+constexpr int kCatalogMaxRanks = 16;
+// An exact plan within this fraction of the cost model's lower bound ends the search.
+constexpr double kGoodEnough = 0.015;
 
 }  // namespace
 
@@ -84,6 +95,14 @@ void Scheduler::set_cost_model(const CostModel& model) {
   eta_table_.assign(static_cast<size_t>(n_) * 4 + 2, 1.0);
   for (size_t k = 2; k < eta_table_.size(); ++k)
     eta_table_[k] = std::max(model_.eta_min, 1.0 - model_.eta_beta * std::log2(static_cast<double>(k)));
+}
+
+void Scheduler::set_candidates(int mask) {
+  if (mask <= 0 || mask > (kCatalogChannels | kLinkGreedy | kPeerRounds | kDirect))
+    throw std::invalid_argument("varipath::Scheduler::set_candidates: mask must name at least one of "
+                                "1 (catalog channels), 2 (link greedy), 4 (peer rounds), 8 (direct), got " +
+                                std::to_string(mask));
+  candidates_ = mask;
 }
 
 void Scheduler::validate_demand(const std::vector<int64_t>& demand) const {
@@ -210,22 +229,41 @@ std::vector<std::vector<int>> Scheduler::decompose(const std::vector<int64_t>& d
   return phases;
 }
 
-// Scratch link tables reused across phases; only touched entries are reset, so costing a
-// phase is O(transfers * path length), not O(links).
+// Scratch tables reused across phases; only touched entries are reset, so costing a phase is
+// O(transfers * path length), not O(links).  A phase's transfers are also kept as flows (one
+// per pair, in first-appearance order, as materialize() emits them) for the event model.
 struct Scheduler::LinkScratch {
   std::vector<double> load;
-  std::vector<double> sq;   // sum of squared flow sizes: gives the effective flow count
   std::vector<int> flows;
   std::vector<int> touched;
-  explicit LinkScratch(size_t links) : load(links, 0.0), sq(links, 0.0), flows(links, 0) {}
+  std::vector<int> flow_pair;      // the phase's flows
+  std::vector<double> flow_bytes;
+  std::vector<int> slot;           // pair -> index in flow_pair, -1 when absent
+  std::vector<int> active_on;      // event model: running flows per link
+  std::vector<int> per_source;     // event model: flows started per source GPU
+  std::vector<std::vector<double>> sizes_on;  // bound: flow sizes on each shared link
+  std::vector<double> rate, left;
+  std::vector<int> running, next_run;
+  std::vector<int> links_now, open_flows, unfrozen_on;  // max-min filling
+  std::vector<double> cap_left;
+  explicit LinkScratch(size_t links, size_t pairs, size_t gpus)
+      : load(links, 0.0), flows(links, 0), slot(pairs, -1), active_on(links, 0),
+        per_source(gpus, 0), sizes_on(links), unfrozen_on(links, 0), cap_left(links, 0.0) {}
 };
 
-void Scheduler::add_transfer(LinkScratch* ls, int pair, int64_t bytes, bool new_flow) const {
+void Scheduler::add_transfer(LinkScratch* ls, int pair, int64_t bytes, bool /*new_flow*/) const {
+  int& at = ls->slot[pair];
+  const bool fresh = at < 0;
+  if (fresh) {
+    at = static_cast<int>(ls->flow_pair.size());
+    ls->flow_pair.push_back(pair);
+    ls->flow_bytes.push_back(0.0);
+  }
+  ls->flow_bytes[at] += static_cast<double>(bytes);
   for (int l : pair_links_[pair]) {
     if (ls->flows[l] == 0 && ls->load[l] == 0.0) ls->touched.push_back(l);
     ls->load[l] += static_cast<double>(bytes);
-    ls->sq[l] += static_cast<double>(bytes) * static_cast<double>(bytes);
-    if (new_flow) ls->flows[l] += 1;
+    if (fresh) ls->flows[l] += 1;
   }
 }
 
@@ -236,28 +274,136 @@ double Scheduler::eta(int k) const {
   return std::max(model_.eta_min, 1.0 - model_.eta_beta * std::log2(static_cast<double>(k)));
 }
 
-// Drains the scratch: returns the phase's start latency plus its most congested link's time
-// (bandwidth derated by eta(k) under the contention model).
+// Max-min-fair rates of the running flows by progressive filling, each link's capacity derated
+// by eta(flows on it) under the contention model: the simulator's rule, so that the event model
+// below reproduces its phase times.
+void Scheduler::max_min_rates(LinkScratch* ls) const {
+  std::vector<int>& links = ls->links_now;
+  links.clear();
+  for (int f : ls->running)
+    for (int l : pair_links_[ls->flow_pair[f]]) {
+      if (ls->active_on[l]++ == 0) links.push_back(l);
+    }
+  for (int l : links) {
+    ls->cap_left[l] = link_bw_[l] * (ls->active_on[l] > 1 ? eta(ls->active_on[l]) : 1.0);
+    ls->unfrozen_on[l] = ls->active_on[l];
+  }
+  std::vector<int>& open = ls->open_flows;
+  open.assign(ls->running.begin(), ls->running.end());
+  for (int f : open) ls->rate[f] = 0.0;
+  while (!open.empty()) {
+    double delta = std::numeric_limits<double>::infinity();
+    for (int l : links)
+      if (ls->unfrozen_on[l] > 0) delta = std::min(delta, ls->cap_left[l] / ls->unfrozen_on[l]);
+    for (int l : links) ls->cap_left[l] -= delta * ls->unfrozen_on[l];
+    size_t keep = 0;
+    for (int f : open) {
+      ls->rate[f] += delta;
+      bool full = false;
+      for (int l : pair_links_[ls->flow_pair[f]]) full = full || ls->cap_left[l] <= 1e-9 * link_bw_[l];
+      if (full) {
+        for (int l : pair_links_[ls->flow_pair[f]]) ls->unfrozen_on[l] -= 1;
+      } else {
+        open[keep++] = f;
+      }
+    }
+    open.resize(keep);
+  }
+  for (int l : links) ls->active_on[l] = 0;
+}
+
+// Event model of one phase under the contention / copy-engine model, as the simulator runs it:
+// max-min-fair rates (max_min_rates), re-solved at each completion, when the flow counts drop
+// (and, with copy engines, the source's next queued transfer starts, in phase order).  Unlike
+// a per-link load bound it sees a flow stuck behind a busy link or queued behind its source's
+// other transfers.
+double Scheduler::event_time(LinkScratch* ls) const {
+  const size_t nf = ls->flow_pair.size();
+  const int engines = model_.copy_engines;
+  ls->left.assign(ls->flow_bytes.begin(), ls->flow_bytes.end());
+  ls->rate.assign(nf, 0.0);
+  ls->running.clear();
+  size_t queued_from = 0;  // with copy engines, flows start in list order per source
+  std::vector<int> waiting;
+  for (size_t f = 0; f < nf; ++f) {
+    const int src = ls->flow_pair[f] / n_;
+    if (engines > 0 && ls->per_source[src] >= engines) {
+      waiting.push_back(static_cast<int>(f));
+      continue;
+    }
+    ls->per_source[src] += 1;
+    ls->running.push_back(static_cast<int>(f));
+  }
+  double t = 0.0;
+  while (!ls->running.empty()) {
+    max_min_rates(ls);
+    double dt = std::numeric_limits<double>::infinity();
+    for (int f : ls->running) dt = std::min(dt, ls->left[f] / ls->rate[f]);
+    t += dt;
+    ls->next_run.clear();
+    for (int f : ls->running) {
+      ls->left[f] -= ls->rate[f] * dt;
+      // Flows within 0.1 % of the step finish together (as the simulator's RTOL does).
+      if (ls->left[f] > ls->rate[f] * dt * 1e-3) {
+        ls->next_run.push_back(f);
+        continue;
+      }
+      if (engines > 0) {  // the freed copy engine takes this source's next queued transfer
+        const int src = ls->flow_pair[f] / n_;
+        ls->per_source[src] -= 1;
+        for (size_t w = queued_from; w < waiting.size(); ++w) {
+          const int g = waiting[w];
+          if (g >= 0 && ls->flow_pair[g] / n_ == src) {
+            ls->next_run.push_back(g);
+            ls->per_source[src] += 1;
+            waiting[w] = -1;
+            break;
+          }
+        }
+        while (queued_from < waiting.size() && waiting[queued_from] < 0) ++queued_from;
+      }
+    }
+    ls->running.swap(ls->next_run);
+  }
+  for (size_t f = 0; f < nf; ++f) ls->per_source[ls->flow_pair[f] / n_] = 0;
+  return t;
+}
+
+// Drains the scratch: returns the phase's start latency plus its data time.  When every link
+// carries at most one flow (and no source queues), flows run alone and the most loaded link's
+// time is exact under every model; so it is under `fluid`, where max-min sharing keeps the
+// bottleneck link busy.  Otherwise the event model above estimates the phase.
 double Scheduler::drain_cost(LinkScratch* ls) const {
   if (ls->touched.empty()) return 0.0;
   double worst = 0.0;
+  bool shared = false;
   for (int l : ls->touched) {
-    // Flows of unequal size leave the link one by one, so contention is charged for the
-    // load-weighted (participation-ratio) flow count (sum b)^2 / sum b^2, not the initial count.
-    const double k_eff = ls->sq[l] > 0.0 ? ls->load[l] * ls->load[l] / ls->sq[l] : 1.0;
-    const int k = std::min(ls->flows[l], std::max(1, static_cast<int>(std::lround(k_eff))));
-    const double cap = link_bw_[l] * (k > 1 ? eta(k) : 1.0);
-    worst = std::max(worst, ls->load[l] / cap);
+    worst = std::max(worst, ls->load[l] / link_bw_[l]);
+    shared = shared || ls->flows[l] > 1;
+  }
+  if (model_.copy_engines > 0 && !shared) {  // the default link model has one send port per GPU,
+    for (int p : ls->flow_pair) shared = shared || ++ls->per_source[p / n_] > model_.copy_engines;
+    for (int p : ls->flow_pair) ls->per_source[p / n_] = 0;  // but a custom one may not
+  }
+  const bool sharing_costs = model_.eta_beta > 0.0 || model_.copy_engines > 0;
+  const double data = shared && sharing_costs ? event_time(ls) : worst;
+  reset_scratch(ls);
+  return latency_s_ + data;
+}
+
+void Scheduler::reset_scratch(LinkScratch* ls) const {
+  for (int l : ls->touched) {
     ls->load[l] = 0.0;
-    ls->sq[l] = 0.0;
     ls->flows[l] = 0;
   }
   ls->touched.clear();
-  return latency_s_ + worst;
+  for (int p : ls->flow_pair) ls->slot[p] = -1;
+  ls->flow_pair.clear();
+  ls->flow_bytes.clear();
 }
 
 double Scheduler::phase_cost(const Phase& phase) const {
-  LinkScratch ls(link_bw_.size());
+  LinkScratch ls(link_bw_.size(), pair_links_.size(), static_cast<size_t>(n_));
   for (const Transfer& t : phase) add_transfer(&ls, t.src * n_ + t.dst, t.bytes, true);
   return drain_cost(&ls);
 }
@@ -272,18 +418,12 @@ double Scheduler::estimate(const std::vector<Phase>& phases) const {
 // inside a run counts as one flow (as materialize() merges it).
 double Scheduler::merged_cost(const std::vector<std::vector<int>>& chans,
                               const std::vector<std::vector<int64_t>>& bytes, int merge, LinkScratch* ls,
-                              std::vector<int>* seen, int* stamp) const {
+                              std::vector<int>* /*seen*/, int* /*stamp*/) const {
   double total = 0.0;
   for (size_t start = 0; start < chans.size(); start += merge) {
-    ++*stamp;
     const size_t stop = std::min(chans.size(), start + static_cast<size_t>(merge));
     for (size_t i = start; i < stop; ++i)
-      for (size_t k = 0; k < chans[i].size(); ++k) {
-        const int p = chans[i][k];
-        const bool fresh = (*seen)[p] != *stamp;
-        (*seen)[p] = *stamp;
-        add_transfer(ls, p, bytes[i][k], fresh);
-      }
+      for (size_t k = 0; k < chans[i].size(); ++k) add_transfer(ls, chans[i][k], bytes[i][k], true);
     total += drain_cost(ls);
   }
   return total;
@@ -328,6 +468,221 @@ std::vector<Phase> Scheduler::plan(const std::vector<int64_t>& demand) const {
   return plan_info(demand, nullptr);
 }
 
+// Full rate of each pair running alone: the narrowest link on its path (capped by the per-pair rate).
+std::vector<double> Scheduler::pair_rates() const {
+  std::vector<double> rate(pair_links_.size(), rate_Bps_);
+  for (size_t p = 0; p < pair_links_.size(); ++p)
+    for (int l : pair_links_[p]) rate[p] = std::min(rate[p], link_bw_[l]);
+  return rate;
+}
+
+// Link-greedy decomposition: each phase is built directly from the link model, at most one
+// flow per directed link, so every flow runs alone at its full rate under every simulator
+// model (no eta derating, no copy-engine queueing).  Pairs are taken in order of urgency, the
+// sum of squared remaining times of the links on their path: the busiest links dominate, and
+// among pairs on equally busy bottlenecks those crossing several of them go first, so the links
+// that decide the completion time are busy in every phase.  The phase lasts as long as the
+// most urgent pair's slice (`quantum` bytes scaled by its rate); every other pair sends what
+// fits in that span.  Unlike decompose() this is not limited to the catalog's working set: any
+// set of pairs with disjoint links is contention-free.
+std::vector<std::vector<int>> Scheduler::link_greedy(const std::vector<int64_t>& demand, int64_t quantum,
+                                                     std::vector<std::vector<int64_t>>* bytes) const {
+  const std::vector<double> rate = pair_rates();
+  std::vector<int64_t> left(demand.size(), 0);
+  std::vector<double> link_left(link_bw_.size(), 0.0);  // bytes still to cross each link
+  std::vector<int> active;
+  for (size_t p = 0; p < demand.size(); ++p) {
+    if (static_cast<int>(p) / n_ == static_cast<int>(p) % n_ || demand[p] <= 0) continue;
+    left[p] = demand[p];
+    active.push_back(static_cast<int>(p));
+    for (int l : pair_links_[p]) link_left[l] += static_cast<double>(demand[p]);
+  }
+  std::vector<int> busy(link_bw_.size(), -1);  // phase index that holds the link
+  std::vector<std::pair<double, int>> order;
+  std::vector<std::vector<int>> phases;
+  // Urgencies drift slowly from phase to phase; with many ranks re-sorting every phase is the
+  // planner's largest cost, so the order is refreshed every n/16 phases (finished pairs skipped).
+  const int resort_every = std::max(1, n_ / 16);
+  while (!active.empty()) {
+    const int phase = static_cast<int>(phases.size());
+    if (phase % resort_every == 0) {
+      order.clear();
+      for (int p : active) {
+        double u = 0.0;
+        for (int l : pair_links_[p]) {
+          const double x = link_left[l] / link_bw_[l];
+          u += x * x;
+        }
+        order.push_back({-u, p});  // ascending: most urgent first, then lowest pair id
+      }
+      std::sort(order.begin(), order.end());
+    }
+    int lead = -1;
+    for (const auto& entry : order)
+      if (left[entry.second] > 0) {
+        lead = entry.second;
+        break;
+      }
+    const double lead_cap = static_cast<double>(quantum) * (rate[lead] / rate_Bps_);
+    const double span = std::min(static_cast<double>(left[lead]), std::max(1.0, lead_cap)) / rate[lead];
+    std::vector<int> pairs;
+    std::vector<int64_t> amount;
+    for (const auto& entry : order) {
+      const int p = entry.second;
+      if (left[p] == 0) continue;
+      bool free = true;
+      for (int l : pair_links_[p]) free = free && busy[l] != phase;
+      if (!free) continue;
+      // A remainder within 15 % of the span goes whole: a sliver would cost a phase later.
+      const double fit = span * rate[p];
+      const int64_t take = static_cast<double>(left[p]) <= 1.15 * fit
+                               ? left[p]
+                               : std::max<int64_t>(1, static_cast<int64_t>(fit));
+      for (int l : pair_links_[p]) {
+        busy[l] = phase;
+        link_left[l] -= static_cast<double>(take);
+      }
+      left[p] -= take;
+      pairs.push_back(p);
+      amount.push_back(take);
+    }
+    active.erase(std::remove_if(active.begin(), active.end(), [&](int p) { return left[p] == 0; }), active.end());
+    phases.push_back(std::move(pairs));
+    bytes->push_back(std::move(amount));
+  }
+  return phases;
+}
+
+// Lower bound of merged_cost(): per group, the start latency plus, for every link, the time to
+// drain its flows if they left smallest first (each step at bandwidth * eta(flows still on the
+// link)), which no sharing can beat.  Exact when no link carries two flows (and no source
+// queues): then every flow runs alone.  *exact reports whether every group was exact.
+double Scheduler::merged_bound(const Decomposition& dec, int merge, LinkScratch* ls, bool* exact) const {
+  double total = 0.0;
+  *exact = true;
+  const bool sharing_costs = model_.eta_beta > 0.0 || model_.copy_engines > 0;
+  for (size_t start = 0; start < dec.pairs.size(); start += merge) {
+    const size_t stop = std::min(dec.pairs.size(), start + static_cast<size_t>(merge));
+    for (size_t i = start; i < stop; ++i)
+      for (size_t k = 0; k < dec.pairs[i].size(); ++k) add_transfer(ls, dec.pairs[i][k], dec.bytes[i][k], true);
+    double worst = 0.0;
+    bool shared = false;
+    for (int l : ls->touched) shared = shared || ls->flows[l] > 1;
+    if (shared && model_.eta_beta > 0.0) {
+      // Gather each shared link's flow sizes to charge eta for the flows still present.
+      for (size_t f = 0; f < ls->flow_pair.size(); ++f)
+        for (int l : pair_links_[ls->flow_pair[f]])
+          if (ls->flows[l] > 1) ls->sizes_on[l].push_back(ls->flow_bytes[f]);
+    }
+    for (int l : ls->touched) {
+      double t = ls->load[l] / link_bw_[l];
+      std::vector<double>& sz = ls->sizes_on[l];
+      if (!sz.empty()) {
+        std::sort(sz.begin(), sz.end());
+        t = 0.0;
+        for (size_t i = 0; i < sz.size(); ++i) t += sz[i] / (link_bw_[l] * eta(static_cast<int>(sz.size() - i)));
+        sz.clear();
+      }
+      worst = std::max(worst, t);
+    }
+    if (model_.copy_engines > 0 && !shared) {
+      for (int p : ls->flow_pair) shared = shared || ++ls->per_source[p / n_] > model_.copy_engines;
+      for (int p : ls->flow_pair) ls->per_source[p / n_] = 0;
+    }
+    *exact = *exact && !(shared && sharing_costs);
+    reset_scratch(ls);
+    total += latency_s_ + worst;
+  }
+  return total;
+}
+
+// Peer rounds as a decomposition: round k pairs s with (s + k) mod n (NCCL's pairwise
+// exchange).  Fused, its order is round-major, which spreads each source's first transfers
+// over distinct receivers.
+Scheduler::Decomposition Scheduler::peer_decomposition(const std::vector<int64_t>& demand) const {
+  Decomposition dec;
+  dec.family = kPeerRounds;
+  for (const Phase& ph : peer_rounds(demand)) {
+    std::vector<int> pairs;
+    std::vector<int64_t> amount;
+    for (const Transfer& t : ph) {
+      pairs.push_back(t.src * n_ + t.dst);
+      amount.push_back(t.bytes);
+    }
+    dec.pairs.push_back(std::move(pairs));
+    dec.bytes.push_back(std::move(amount));
+  }
+  return dec;
+}
+
+// All pairs in one phase in source-major order (what `direct` issues).
+Scheduler::Decomposition Scheduler::direct_decomposition(const std::vector<int64_t>& demand) const {
+  Decomposition dec;
+  dec.family = kDirect;
+  dec.pairs.emplace_back();
+  dec.bytes.emplace_back();
+  for (size_t p = 0; p < demand.size(); ++p)
+    if (static_cast<int>(p) / n_ != static_cast<int>(p) % n_ && demand[p] > 0) {
+      dec.pairs.back().push_back(static_cast<int>(p));
+      dec.bytes.back().push_back(demand[p]);
+    }
+  return dec;
+}
+
+// Quanta: whole pairs per phase (few phases), or slices of the bottleneck time so that the
+// bottleneck link stays busy in every phase even when a few pairs dominate (skew).
+std::vector<int64_t> Scheduler::quanta(int64_t top, double bound_s) const {
+  std::vector<int64_t> out = {top};
+  const int64_t slice = static_cast<int64_t>(std::ceil(bound_s * rate_Bps_ / n_));
+  if (slice > 0 && slice < top) out.push_back(slice);
+  return out;
+}
+
+std::vector<Scheduler::Decomposition> Scheduler::link_decompositions(const std::vector<int64_t>& demand,
+                                                                     const std::vector<int64_t>& qs) const {
+  std::vector<Decomposition> out;
+  if (!(candidates_ & kLinkGreedy)) return out;
+  for (int64_t q : qs) {
+    out.emplace_back();
+    out.back().pairs = link_greedy(demand, q, &out.back().bytes);
+    out.back().quantum = q;
+    out.back().family = kLinkGreedy;
+  }
+  return out;
+}
+
+void Scheduler::other_decompositions(const std::vector<int64_t>& demand, const std::vector<double>& weight,
+                                     int64_t top, std::vector<Decomposition>* out) const {
+  // The catalog pass scores every working-set channel per phase; past kCatalogMaxRanks ranks
+  // it costs more planning time than its plans save (the link-greedy pass covers them).
+  if ((candidates_ & kCatalogChannels) && (n_ <= kCatalogMaxRanks || candidates_ == kCatalogChannels)) {
+    out->emplace_back();
+    out->back().pairs = decompose(demand, weight, top, false, &out->back().bytes);
+    out->back().quantum = top;
+    out->back().family = kCatalogChannels;
+  }
+  if (candidates_ & kPeerRounds) out->push_back(peer_decomposition(demand));
+  if (candidates_ & kDirect) out->push_back(direct_decomposition(demand));
+}
+
+// Transfers in the largest fused phase of `dec` under merge factor `merge` (pairs repeated
+// inside a run counted once per channel phase: an upper bound, enough for a size cap).
+size_t Scheduler::largest_group(const Decomposition& dec, int merge) const {
+  size_t most = 0;
+  for (size_t start = 0; start < dec.pairs.size(); start += merge) {
+    size_t flows = 0;
+    for (size_t i = start; i < std::min(dec.pairs.size(), start + static_cast<size_t>(merge)); ++i)
+      flows += dec.pairs[i].size();
+    most = std::max(most, flows);
+  }
+  return most;
+}
+
+bool Scheduler::worth_fusing(int phases, double unfused_bound) const {
+  if (model_.eta_beta <= 0.0) return true;
+  return static_cast<double>(phases) * latency_s_ >= kFuseLatencyShare * unfused_bound;
+}
+
 std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, PlanInfo* info) const {
   validate_demand(demand);
   int64_t top = 0;
@@ -337,76 +692,63 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
   if (top == 0) return {};
   double bound_s = 0.0;
   const std::vector<double> weight = pair_urgency(demand, &bound_s);
-  // Quanta: whole pairs per phase (few phases), or slices of the bottleneck time so that the
-  // bottleneck link stays busy in every phase even when a few pairs dominate (skew).
-  const double lb_bytes = bound_s * rate_Bps_;
-  std::vector<int64_t> quanta = {top};
-  for (double k : {1.0}) {
-    const int64_t q = static_cast<int64_t>(std::ceil(lb_bytes / (k * n_)));
-    if (q > 0 && q < top && std::find(quanta.begin(), quanta.end(), q) == quanta.end()) quanta.push_back(q);
+  std::vector<Decomposition> decs = link_decompositions(demand, quanta(top, bound_s));
+  LinkScratch ls(link_bw_.size(), pair_links_.size(), static_cast<size_t>(n_));
+  // No plan costs less than one start latency plus the most loaded link's time: an exact
+  // link-greedy plan within kGoodEnough of that is taken without building the others.
+  for (const Decomposition& dec : decs) {
+    bool exact = true;
+    const double cost = merged_bound(dec, 1, &ls, &exact);
+    if (exact && cost <= (1.0 + kGoodEnough) * (latency_s_ + bound_s)) {
+      if (info) *info = PlanInfo{cost, static_cast<int>(dec.pairs.size()), 1, static_cast<double>(dec.quantum), 0, dec.family, 1, 0};
+      return materialize(dec.pairs, dec.bytes, 1);
+    }
   }
-  LinkScratch ls(link_bw_.size());
-  std::vector<int> seen(demand.size(), 0);
-  int stamp = 0;
-  double best_cost = std::numeric_limits<double>::infinity();
-  std::vector<std::vector<int>> best_chans;
-  std::vector<std::vector<int64_t>> best_bytes;
-  int best_merge = 1;
-  int64_t best_q = top;
-  for (int64_t q : quanta) {
-    std::vector<std::vector<int64_t>> bytes;
-    auto chans = decompose(demand, weight, q, q != top, &bytes);
-    const int count = static_cast<int>(chans.size());
-    // Merge factors 1, 2, 4, ... all phases; the cost is unimodal in practice, so stop once it
-    // has risen twice in a row.  "All" is always tried: it is the single-phase (direct) plan.
-    double prev = std::numeric_limits<double>::infinity();
-    double serial = 0.0;  // cost with merge factor 1
-    int rises = 0, chosen = 0;
-    double chosen_cost = std::numeric_limits<double>::infinity();
+  other_decompositions(demand, weight, top, &decs);
+  // Every (decomposition, merge factor 1, 2, 4, ..., all) is a candidate.  Their lower bounds
+  // are cheap; the event model is run only for candidates whose bound can still beat the best
+  // cost found, in increasing bound order (branch and bound, deterministic order).
+  struct Candidate {
+    double bound;
+    int dec, merge;
+    bool exact;
+    bool operator<(const Candidate& o) const {
+      return bound != o.bound ? bound < o.bound : dec != o.dec ? dec < o.dec : merge < o.merge;
+    }
+  };
+  std::vector<Candidate> cands;
+  for (size_t d = 0; d < decs.size(); ++d) {
+    const int count = static_cast<int>(decs[d].pairs.size());
     for (int merge = 1;; merge *= 2) {
       const int m = std::min(merge, count);
-      if (rises < 2 || m == count) {
-        double cost;
-        if (model_.copy_engines > 0 && m > 1) {
-          // Copy-engine queues: a fused phase runs its channels partly one after another
-          // (C transfers per source at a time, in channel order), so it is only partly
-          // credited with the link sharing a fluid model would give it.
-          // Blend with the fluid estimate: queues overlap some of the channels' transfers.
-          const int groups = (count + m - 1) / m;
-          const double queued = serial - static_cast<double>(count - groups) * latency_s_;
-          cost = 0.5 * (queued + merged_cost(chans, bytes, m, &ls, &seen, &stamp));
-        } else {
-          cost = merged_cost(chans, bytes, m, &ls, &seen, &stamp);
-        }
-        if (m == 1) serial = cost;
-        rises = cost > prev ? rises + 1 : 0;
-        prev = cost;
-        if (cost < chosen_cost * (1.0 - 1e-12)) {
-          chosen_cost = cost;
-          chosen = m;
-        }
-      }
-      if (m >= count) break;
-    }
-    if (chosen_cost < best_cost * (1.0 - 1e-12)) {
-      best_cost = chosen_cost;
-      best_chans = std::move(chans);
-      best_bytes = std::move(bytes);
-      best_merge = chosen;
-      best_q = q;
+      bool exact = true;
+      const double bound = merged_bound(decs[d], m, &ls, &exact);
+      cands.push_back({bound, static_cast<int>(d), m, exact});
+      if (m >= count || !worth_fusing(count, bound)) break;
     }
   }
-  // Peer rounds (NCCL-style pairwise exchange) as one more candidate: when the catalog's
-  // channels cannot beat them under the cost model, use them.
-  std::vector<Phase> rounds = peer_rounds(demand);
-  const double rounds_cost = estimate(rounds);
-  if (rounds_cost < best_cost * (1.0 - 1e-9)) {
-    if (info) *info = PlanInfo{rounds_cost, static_cast<int>(rounds.size()), 1, 0.0, 1};
-    return rounds;
+  std::sort(cands.begin(), cands.end());
+  double best_cost = std::numeric_limits<double>::infinity();
+  const Candidate* best = nullptr;
+  int simulated = 0;
+  for (const Candidate& c : cands) {
+    if (c.bound >= best_cost * (1.0 - 1e-12)) break;
+    // The event model is the expensive part of planning: past kMaxSimulated candidates only
+    // exact ones (no shared link) are still considered.
+    if (!c.exact && (simulated >= kMaxSimulated || largest_group(decs[c.dec], c.merge) > kMaxSimulatedFlows))
+      continue;
+    simulated += c.exact ? 0 : 1;
+    const double cost = c.exact ? c.bound : merged_cost(decs[c.dec].pairs, decs[c.dec].bytes, c.merge, &ls, nullptr, nullptr);
+    if (cost < best_cost * (1.0 - 1e-12)) {
+      best_cost = cost;
+      best = &c;
+    }
   }
+  const Decomposition& dec = decs[best->dec];
   if (info)
-    *info = PlanInfo{best_cost, static_cast<int>(best_chans.size()), best_merge, static_cast<double>(best_q), 0};
-  return materialize(best_chans, best_bytes, best_merge);
+    *info = PlanInfo{best_cost, static_cast<int>(dec.pairs.size()), best->merge, static_cast<double>(dec.quantum),
+                     dec.family == kPeerRounds ? 1 : 0, dec.family, static_cast<int>(cands.size()), simulated};
+  return materialize(dec.pairs, dec.bytes, best->merge);
 }
 
 }  // namespace varipath

@@ -5,6 +5,7 @@
 // extension, and varipath_bindings.cpp exposes it to Python as varipath._scheduler.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -35,6 +36,9 @@ struct PlanInfo {
   int merge_factor = 1;        // consecutive channel phases fused per output phase
   double quantum_bytes = 0.0;  // per-pair byte quantum of the chosen greedy pass
   int peer_rounds = 0;         // 1: the pairwise peer-round candidate won
+  int family = 0;              // Scheduler::k* bit of the winning candidate family
+  int candidates = 0;          // (decomposition, merge factor) pairs bounded
+  int simulated = 0;           // of those, costed with the event model
 };
 
 class Scheduler {
@@ -48,6 +52,10 @@ class Scheduler {
   // indices on its path (empty for s == d).  Improves the cost model; never changes coverage.
   void set_link_model(std::vector<double> link_bw, std::vector<std::vector<int>> pair_links);
   void set_cost_model(const CostModel& model);
+  // Candidate families plan() chooses from (bit mask; all by default).  Restricting them is
+  // for tests and experiments: every family alone covers the demand.
+  static constexpr int kCatalogChannels = 1, kLinkGreedy = 2, kPeerRounds = 4, kDirect = 8;
+  void set_candidates(int mask);
 
   // demand: n*n row-major bytes (diagonal ignored, must be >= 0). Deterministic; covers demand
   // exactly: for each (s,d), sum of bytes over all phases == demand[s*n+d]. No 0-byte Transfer.
@@ -69,12 +77,35 @@ class Scheduler {
   struct LinkScratch;
   void add_transfer(LinkScratch* ls, int pair, int64_t bytes, bool new_flow) const;
   double drain_cost(LinkScratch* ls) const;
+  double event_time(LinkScratch* ls) const;
+  void max_min_rates(LinkScratch* ls) const;
   double eta(int k) const;
   double merged_cost(const std::vector<std::vector<int>>& chans, const std::vector<std::vector<int64_t>>& bytes,
                      int merge, LinkScratch* ls, std::vector<int>* seen, int* stamp) const;
   double phase_cost(const Phase& phase) const;
   double phase_span(const std::vector<int>& chan, const std::vector<int64_t>& left, const std::vector<int64_t>& cap,
                     const std::vector<double>& rate, const std::vector<double>& weight) const;
+  std::vector<std::vector<int>> link_greedy(const std::vector<int64_t>& demand, int64_t quantum,
+                                            std::vector<std::vector<int64_t>>* bytes) const;
+  // Channel phases of one candidate family, in order, with bytes per pair.
+  struct Decomposition {
+    std::vector<std::vector<int>> pairs;
+    std::vector<std::vector<int64_t>> bytes;
+    int64_t quantum = 0;
+    int family = 0;
+  };
+  std::vector<int64_t> quanta(int64_t top, double bound_s) const;
+  std::vector<Decomposition> link_decompositions(const std::vector<int64_t>& demand,
+                                                 const std::vector<int64_t>& quanta) const;
+  void other_decompositions(const std::vector<int64_t>& demand, const std::vector<double>& weight, int64_t top,
+                            std::vector<Decomposition>* out) const;
+  Decomposition peer_decomposition(const std::vector<int64_t>& demand) const;
+  Decomposition direct_decomposition(const std::vector<int64_t>& demand) const;
+  double merged_bound(const Decomposition& dec, int merge, LinkScratch* ls, bool* exact) const;
+  void reset_scratch(LinkScratch* ls) const;
+  bool worth_fusing(int phases, double unfused_bound) const;
+  std::size_t largest_group(const Decomposition& dec, int merge) const;
+  std::vector<double> pair_rates() const;
   std::vector<Phase> peer_rounds(const std::vector<int64_t>& demand) const;
   std::vector<Phase> materialize(const std::vector<std::vector<int>>& chans,
                                  const std::vector<std::vector<int64_t>>& bytes, int merge) const;
@@ -87,6 +118,7 @@ class Scheduler {
   std::vector<double> link_bw_;                // directed link capacities
   std::vector<std::vector<int>> pair_links_;   // pair id -> link indices
   CostModel model_;
+  int candidates_ = kCatalogChannels | kLinkGreedy | kPeerRounds | kDirect;
   std::vector<double> eta_table_;  // eta(k) for small k under model_
 };
 
