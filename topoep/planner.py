@@ -344,7 +344,7 @@ class TopoEPPlanner:
         c = counts.sum(0)  # [E]
         total = c.sum()
         L = torch.zeros_like(c[:self.R]).index_add_(0, k.home, c)
-        t = torch.addcmul(k.t_add, k.t_num, total) // k.t_div  # one per target
+        t = (k.t_add + k.t_num * total) // k.t_div  # one per target
         _, by_load = _sort_desc(c)  # experts by load desc, ties to the lower id
         # stage 1 depends only on the target: done once per target, shared by both modes
         rem, inc = self._across_hosts(k, c, L, t, by_load)
@@ -352,7 +352,7 @@ class TopoEPPlanner:
         experts, tokens = self._place(k, pieces, porder, spare)
         experts, tokens = [k.none_expert, experts], [k.none_tokens, tokens]
         if self.S == 1:
-            tg = torch.addcmul(k.g_add, k.g_num, total) // k.g_div
+            tg = (k.g_add + k.g_num * total) // k.g_div
             ge, gt = _greedy_one_slot(c, L, tg, self._grouped(counts.device))
             experts.append(ge[:, :, None])
             tokens.append(gt[:, :, None])
