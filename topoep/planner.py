@@ -13,13 +13,15 @@ one with the lowest resulting max GPU load wins, ties to the first):
    tokens (their excess, or whole experts); together with the pieces the host received in
    stage 1 they are cut cumulatively over the host's GPUs with room, each GPU keeping its
    ``slots_per_gpu`` largest overlaps; leftovers top up GPUs already holding that expert.
-3. With one slot per GPU, a sequential greedy (most loaded GPU's largest expert into the free
-   slot with the most room; R steps) is one more candidate: the cuts often strand a remainder.
+3. A sequential greedy (most loaded GPU's largest expert into the free slot with the most
+   room; R steps) is one more candidate: the cuts often strand a remainder. It always runs with
+   one slot per GPU, with more slots only up to ``_GREEDY_MAX_GPUS`` GPUs (cost).
 4. Token split: for every expert, tokens of each source rank go to copies on the same host
    first (north-west-corner cut inside the host), and only the remainder crosses hosts.
 
-Cost: planning runs ~300 small ATen ops (slots >= 2), so on a CPU it is bound by per-op
-dispatch; everything that depends only on shapes and placement is built once per device.
+Cost: planning runs ~270 small ATen ops (slots >= 2, more than 16 GPUs), so on a CPU it is
+bound by per-op dispatch; everything that depends only on shapes and placement is built once
+per device. The greedy adds ~20 ops per GPU where it runs.
 """
 from __future__ import annotations
 
@@ -32,10 +34,14 @@ import torch
 # target T = ceil(total * num / (R * den)) in _TARGETS, one cumulative cut of each host's
 # pieces over its GPUs (each GPU keeps its slots_per_gpu largest overlaps); first with donors
 # giving just their excess, then with donors giving whole experts and the receivers that are
-# home to a piece ordered last (chains, see _cut_slots). With one slot per GPU a sequential
-# greedy is the last candidate.
-_TARGETS = ((1, 1), (129, 128), (33, 32))
-# targets of the one-slot greedy: a little slack often leaves room for the last pieces
+# home to a piece ordered last (chains, see _cut_slots). Then the greedy, once per target in
+# _GREEDY_TARGETS, where it runs. A target a little above the mean often leaves a cut the room
+# its last pieces need (513/512 fixed sweep cases that T and 129/128 missed).
+_TARGETS = ((1, 1), (513, 512), (129, 128), (33, 32))
+# The sequential greedy costs R steps of ~20 small ops: it always runs with one slot per GPU
+# (where the cuts alone often fail), with more slots only up to this many GPUs.
+_GREEDY_MAX_GPUS = 16
+# targets of the greedy: a little slack often leaves room for the last pieces
 _GREEDY_TARGETS = ((1, 1), (1001, 1000), (401, 400), (201, 200), (129, 128), (101, 100),
                    (81, 80), (65, 64), (51, 50), (41, 40), (33, 32), (26, 25), (17, 16), (9, 8))
 _BIG = 1 << 62
@@ -351,11 +357,11 @@ class TopoEPPlanner:
         pieces, porder, spare = self._host_pieces(k, c, rem, inc, t)
         experts, tokens = self._place(k, pieces, porder, spare)
         experts, tokens = [k.none_expert, experts], [k.none_tokens, tokens]
-        if self.S == 1:
+        if self.S == 1 or self.R <= _GREEDY_MAX_GPUS:
             tg = (k.g_add + k.g_num * total) // k.g_div
-            ge, gt = _greedy_one_slot(c, L, tg, self._grouped(counts.device))
-            experts.append(ge[:, :, None])
-            tokens.append(gt[:, :, None])
+            ge, gt = _greedy(c, L, tg, self._grouped(counts.device), self.S)
+            experts.append(ge)
+            tokens.append(gt)
         slot_expert, slot_tokens = torch.cat(experts), torch.cat(tokens)
         best, load, moved = self._select(k, c, slot_expert, slot_tokens)
         slot_expert = slot_expert.index_select(0, best)[0]
@@ -435,42 +441,45 @@ class TopoEPPlanner:
         return best, load.index_select(0, best)[0], moved.index_select(0, best)[0]
 
 
-def _greedy_one_slot(c: torch.Tensor, L: torch.Tensor, T: torch.Tensor, grouped: torch.Tensor):
-    """Sequential greedy for one replica slot per GPU, batched over targets T [B]: R steps,
-    each moves tokens of the most loaded GPU's largest remaining home expert into the free slot
-    with the most room below T (the whole expert if it fits, so a donor may drop below T and
-    its own slot takes a later piece: chains).
+def _greedy(c: torch.Tensor, L: torch.Tensor, T: torch.Tensor, grouped: torch.Tensor,
+            slots: int):
+    """Sequential greedy, batched over targets T [B]: R steps, each moves tokens of the most
+    loaded GPU's largest remaining home expert into a free slot of the GPU with the most room
+    below T (the whole expert if it fits, so a donor may drop below T and take a later piece in
+    its own slot: chains). With more than one slot per GPU, R steps fill at most R slots.
 
-    With one slot per GPU the cut candidates often strand a donor's remainder with no free
-    slot that fits; this greedy reaches the optimum on most such inputs, and a target a little
-    above the mean often leaves the room that the last pieces need. Each step is ~20 small
-    ops, so it runs only for slots_per_gpu == 1. Returns (expert [B, R], tokens [B, R]) of
-    each GPU's slot (-1 / 0 = empty)."""
+    The cut candidates often strand a donor's remainder with no free slot that fits (almost
+    always so with one slot per GPU); this greedy reaches the optimum on most such inputs, and a
+    target a little above the mean often leaves the room that the last pieces need. Returns
+    (expert [B, R, slots], tokens [B, R, slots]) (-1 / 0 = empty slot)."""
     R, m = grouped.shape
     B = T.shape[0]
     rem = c.index_select(0, grouped.view(-1)).expand(B, R * m).clone()  # home tokens left
     room = T[:, None] - L  # [B, R] below the target; the most loaded GPU has the least
-    used = torch.zeros_like(room)  # -BIG once a GPU's slot is taken
+    used = torch.zeros_like(room)  # slots filled per GPU
     steps = []
     for _ in range(R):
         rd, d = room.min(1, keepdim=True)  # the most loaded GPU (first: the lower id)
         # its largest remaining home expert
         top, x = rem.view(B, R, m).gather(1, d[:, :, None].expand(B, 1, m)).max(2)
         x = x + d * m
-        s, r = (room + used).max(1, keepdim=True)  # the free slot with the most room
+        # the GPU with a free slot and the most room
+        s, r = torch.where(used < slots, room, -_BIG).max(1, keepdim=True)
         amt = torch.minimum(top, s).clamp(min=0) * (rd < 0)
+        moved = amt.clamp(max=1)
         rem.scatter_add_(1, x, -amt)
         room.scatter_add_(1, d, amt)
         room.scatter_add_(1, r, -amt)
-        used.scatter_add_(1, r, (amt > 0) * -_BIG)
-        steps.append(torch.stack([r, x, amt]))
-    r, x, amt = torch.cat(steps, 2)  # [B, R] each
-    # every GPU's slot is filled at most once; steps that moved nothing write a spare column
-    dst = torch.where(amt > 0, r, R)
-    expert = torch.full((B, R + 1), -1, dtype=torch.long, device=c.device).scatter_(
+        # the slot this step fills (a spare column R * slots when it moved nothing)
+        dst = torch.where(moved > 0, r * slots + used.gather(1, r), R * slots)
+        used.scatter_add_(1, r, moved)
+        steps.append(torch.stack([dst, x, amt]))
+    dst, x, amt = torch.cat(steps, 2)  # [B, R] each
+    expert = torch.full((B, R * slots + 1), -1, dtype=torch.long, device=c.device).scatter_(
         1, dst, grouped.view(-1)[x])
-    tokens = torch.zeros((B, R + 1), dtype=torch.long, device=c.device).scatter_(1, dst, amt)
-    return expert[:, :R], tokens[:, :R]
+    tokens = torch.zeros((B, R * slots + 1), dtype=torch.long, device=c.device).scatter_(
+        1, dst, amt)
+    return expert[:, :-1].view(B, R, slots), tokens[:, :-1].view(B, R, slots)
 
 
 def _split_tokens(counts, home_amt, k, slot_expert, slot_tokens, H: int, G: int):
