@@ -29,15 +29,26 @@ constexpr double kMinWeight = 0.05;
 constexpr double kMinSpanFraction = 0.25;
 // At most this many candidates per plan are costed with the event model (in bound order).
 constexpr int kMaxSimulated = 4;
+// Link-greedy: a pair whose remainder is within this factor of what fits in the phase's span
+// sends it whole (a cross-socket pair at 20 GB/s next to 25 GB/s pairs stretches the phase by
+// up to 20 % instead of leaving a sliver that costs a whole phase later).
+constexpr double kWholeSlack = 1.2;
 // See Scheduler::worth_fusing().
-constexpr double kFuseLatencyShare = 0.02;
-// The event model's cost grows with flows x completions: fused phases with more flows than this
-// are not simulated (nor chosen; the unfused link-greedy plan is always exact).
-constexpr std::size_t kMaxSimulatedFlows = 1024;
+constexpr double kFuseLatencyShare = 0.03;
+// Event-model budget per candidate, see Scheduler::affordable().
+constexpr std::size_t kMaxSimulatedPhaseFlows = 1024;
+constexpr std::size_t kMaxSimulatedFlows = 4096;
+constexpr int kMaxSimulatedRanks = 32;
+// Past kMaxSimulatedRanks ranks fused runs are bounded up to this many channel phases (each
+// merge factor's bound costs a pass over the plan; the planner picked 2 or 4 there).
+constexpr int kMaxMergeManyRanks = 8;
 // See decompositions().
 constexpr int kCatalogMaxRanks = 16;
 // An exact plan within this fraction of the cost model's lower bound ends the search.
 constexpr double kGoodEnough = 0.015;
+// The catalog pass is built only when the best exact link-greedy plan exceeds the cost model's
+// lower bound by more than this fraction (below it, catalog plans rarely won by > 1 %).
+constexpr double kCatalogGain = 0.05;
 
 }  // namespace
 
@@ -501,8 +512,9 @@ std::vector<std::vector<int>> Scheduler::link_greedy(const std::vector<int64_t>&
   std::vector<std::pair<double, int>> order;
   std::vector<std::vector<int>> phases;
   // Urgencies drift slowly from phase to phase; with many ranks re-sorting every phase is the
-  // planner's largest cost, so the order is refreshed every n/16 phases (finished pairs skipped).
-  const int resort_every = std::max(1, n_ / 16);
+  // planner's largest cost, so the order is refreshed every n/16 phases (finished pairs
+  // skipped), every n/4 past kMaxSimulatedRanks ranks.
+  const int resort_every = n_ > kMaxSimulatedRanks ? n_ / 4 : std::max(1, n_ / 16);
   while (!active.empty()) {
     const int phase = static_cast<int>(phases.size());
     if (phase % resort_every == 0) {
@@ -533,9 +545,9 @@ std::vector<std::vector<int>> Scheduler::link_greedy(const std::vector<int64_t>&
       bool free = true;
       for (int l : pair_links_[p]) free = free && busy[l] != phase;
       if (!free) continue;
-      // A remainder within 15 % of the span goes whole: a sliver would cost a phase later.
+      // A remainder within kWholeSlack of the span goes whole: a sliver would cost a phase later.
       const double fit = span * rate[p];
-      const int64_t take = static_cast<double>(left[p]) <= 1.15 * fit
+      const int64_t take = static_cast<double>(left[p]) <= kWholeSlack * fit
                                ? left[p]
                                : std::max<int64_t>(1, static_cast<int64_t>(fit));
       for (int l : pair_links_[p]) {
@@ -631,11 +643,12 @@ Scheduler::Decomposition Scheduler::direct_decomposition(const std::vector<int64
 
 // Quanta: whole pairs per phase (few phases), or slices of the bottleneck time so that the
 // bottleneck link stays busy in every phase even when a few pairs dominate (skew).
+// Past kMaxSimulatedRanks ranks only the slice is planned (each pass costs phases x pairs).
 std::vector<int64_t> Scheduler::quanta(int64_t top, double bound_s) const {
-  std::vector<int64_t> out = {top};
   const int64_t slice = static_cast<int64_t>(std::ceil(bound_s * rate_Bps_ / n_));
-  if (slice > 0 && slice < top) out.push_back(slice);
-  return out;
+  const bool sliced = slice > 0 && slice < top;
+  if (sliced && n_ > kMaxSimulatedRanks) return {slice};
+  return sliced ? std::vector<int64_t>{top, slice} : std::vector<int64_t>{top};
 }
 
 std::vector<Scheduler::Decomposition> Scheduler::link_decompositions(const std::vector<int64_t>& demand,
@@ -652,10 +665,12 @@ std::vector<Scheduler::Decomposition> Scheduler::link_decompositions(const std::
 }
 
 void Scheduler::other_decompositions(const std::vector<int64_t>& demand, const std::vector<double>& weight,
-                                     int64_t top, std::vector<Decomposition>* out) const {
-  // The catalog pass scores every working-set channel per phase; past kCatalogMaxRanks ranks
-  // it costs more planning time than its plans save (the link-greedy pass covers them).
-  if ((candidates_ & kCatalogChannels) && (n_ <= kCatalogMaxRanks || candidates_ == kCatalogChannels)) {
+                                     int64_t top, bool with_catalog, std::vector<Decomposition>* out) const {
+  // The catalog pass scores every working-set channel per phase, the largest planning cost on
+  // few ranks: it runs only when the link-greedy plan leaves room (with_catalog), and not past
+  // kCatalogMaxRanks ranks, where it costs more planning time than its plans save.
+  const bool only_catalog = candidates_ == kCatalogChannels;
+  if ((candidates_ & kCatalogChannels) && ((with_catalog && n_ <= kCatalogMaxRanks) || only_catalog)) {
     out->emplace_back();
     out->back().pairs = decompose(demand, weight, top, false, &out->back().bytes);
     out->back().quantum = top;
@@ -665,19 +680,28 @@ void Scheduler::other_decompositions(const std::vector<int64_t>& demand, const s
   if (candidates_ & kDirect) out->push_back(direct_decomposition(demand));
 }
 
-// Transfers in the largest fused phase of `dec` under merge factor `merge` (pairs repeated
-// inside a run counted once per channel phase: an upper bound, enough for a size cap).
-size_t Scheduler::largest_group(const Decomposition& dec, int merge) const {
-  size_t most = 0;
+// Whether the event model may cost `dec` fused by `merge`: its work grows with the flows of a
+// phase times their completions, so fused phases over kMaxSimulatedPhaseFlows transfers, or
+// plans over kMaxSimulatedFlows transfers in all, are not simulated (nor chosen; the unfused
+// link-greedy plan is always exact).  Transfers repeated inside a run count once per channel
+// phase: an upper bound, enough for a cap.
+bool Scheduler::affordable(const Decomposition& dec, int merge) const {
+  std::size_t total = 0, largest = 0;
   for (size_t start = 0; start < dec.pairs.size(); start += merge) {
-    size_t flows = 0;
+    std::size_t flows = 0;
     for (size_t i = start; i < std::min(dec.pairs.size(), start + static_cast<size_t>(merge)); ++i)
       flows += dec.pairs[i].size();
-    most = std::max(most, flows);
+    largest = std::max(largest, flows);
+    total += flows;
   }
-  return most;
+  return largest <= kMaxSimulatedPhaseFlows && total <= kMaxSimulatedFlows;
 }
 
+// Under contention, fusing phases saves start latency but derates shared links; when the
+// unfused plan's start latency is under kFuseLatencyShare of its cost, the saving cannot pay
+// for the derating in practice, so fused variants are not even bounded (planning time).
+// Under `fluid` and copy-engine queues fusing can also overlap the phases' tails, so it is
+// always tried there.
 bool Scheduler::worth_fusing(int phases, double unfused_bound) const {
   if (model_.eta_beta <= 0.0) return true;
   return static_cast<double>(phases) * latency_s_ >= kFuseLatencyShare * unfused_bound;
@@ -692,10 +716,12 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
   if (top == 0) return {};
   double bound_s = 0.0;
   const std::vector<double> weight = pair_urgency(demand, &bound_s);
-  std::vector<Decomposition> decs = link_decompositions(demand, quanta(top, bound_s));
+  const std::vector<int64_t> qs = quanta(top, bound_s);
+  std::vector<Decomposition> decs = link_decompositions(demand, qs);
   LinkScratch ls(link_bw_.size(), pair_links_.size(), static_cast<size_t>(n_));
   // No plan costs less than one start latency plus the most loaded link's time: an exact
   // link-greedy plan within kGoodEnough of that is taken without building the others.
+  double best_exact = std::numeric_limits<double>::infinity();
   for (const Decomposition& dec : decs) {
     bool exact = true;
     const double cost = merged_bound(dec, 1, &ls, &exact);
@@ -703,8 +729,10 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
       if (info) *info = PlanInfo{cost, static_cast<int>(dec.pairs.size()), 1, static_cast<double>(dec.quantum), 0, dec.family, 1, 0};
       return materialize(dec.pairs, dec.bytes, 1);
     }
+    if (exact) best_exact = std::min(best_exact, cost);
   }
-  other_decompositions(demand, weight, top, &decs);
+  const bool catalog_may_pay = best_exact > (1.0 + kCatalogGain) * (latency_s_ + bound_s);
+  other_decompositions(demand, weight, top, catalog_may_pay, &decs);
   // Every (decomposition, merge factor 1, 2, 4, ..., all) is a candidate.  Their lower bounds
   // are cheap; the event model is run only for candidates whose bound can still beat the best
   // cost found, in increasing bound order (branch and bound, deterministic order).
@@ -724,7 +752,7 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
       bool exact = true;
       const double bound = merged_bound(decs[d], m, &ls, &exact);
       cands.push_back({bound, static_cast<int>(d), m, exact});
-      if (m >= count || !worth_fusing(count, bound)) break;
+      if (m >= count || !worth_fusing(count, bound) || (n_ > kMaxSimulatedRanks && m >= kMaxMergeManyRanks)) break;
     }
   }
   std::sort(cands.begin(), cands.end());
@@ -735,10 +763,16 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
     if (c.bound >= best_cost * (1.0 - 1e-12)) break;
     // The event model is the expensive part of planning: past kMaxSimulated candidates only
     // exact ones (no shared link) are still considered.
-    if (!c.exact && (simulated >= kMaxSimulated || largest_group(decs[c.dec], c.merge) > kMaxSimulatedFlows))
-      continue;
-    simulated += c.exact ? 0 : 1;
-    const double cost = c.exact ? c.bound : merged_cost(decs[c.dec].pairs, decs[c.dec].bytes, c.merge, &ls, nullptr, nullptr);
+    // Past kMaxSimulatedRanks ranks the event model is not run at all: candidates are ranked
+    // by their bounds (planning time); below, unaffordable candidates are skipped.
+    const bool by_bound = c.exact || n_ > kMaxSimulatedRanks;
+    // The baselines' own plans (peer rounds, direct) are always costed, outside the budget, so
+    // the choice never trails them by more than the event model's error.
+    const int family = decs[c.dec].family;
+    const bool reference = c.merge == 1 && (family == kPeerRounds || family == kDirect);
+    if (!by_bound && ((simulated >= kMaxSimulated && !reference) || !affordable(decs[c.dec], c.merge))) continue;
+    simulated += by_bound ? 0 : 1;
+    const double cost = by_bound ? c.bound : merged_cost(decs[c.dec].pairs, decs[c.dec].bytes, c.merge, &ls, nullptr, nullptr);
     if (cost < best_cost * (1.0 - 1e-12)) {
       best_cost = cost;
       best = &c;

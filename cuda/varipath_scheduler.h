@@ -98,13 +98,13 @@ class Scheduler {
   std::vector<Decomposition> link_decompositions(const std::vector<int64_t>& demand,
                                                  const std::vector<int64_t>& quanta) const;
   void other_decompositions(const std::vector<int64_t>& demand, const std::vector<double>& weight, int64_t top,
-                            std::vector<Decomposition>* out) const;
+                            bool with_catalog, std::vector<Decomposition>* out) const;
   Decomposition peer_decomposition(const std::vector<int64_t>& demand) const;
   Decomposition direct_decomposition(const std::vector<int64_t>& demand) const;
   double merged_bound(const Decomposition& dec, int merge, LinkScratch* ls, bool* exact) const;
   void reset_scratch(LinkScratch* ls) const;
   bool worth_fusing(int phases, double unfused_bound) const;
-  std::size_t largest_group(const Decomposition& dec, int merge) const;
+  bool affordable(const Decomposition& dec, int merge) const;
   std::vector<double> pair_rates() const;
   std::vector<Phase> peer_rounds(const std::vector<int64_t>& demand) const;
   std::vector<Phase> materialize(const std::vector<std::vector<int>>& chans,
