@@ -359,7 +359,7 @@ class TopoEPPlanner:
         experts, tokens = [k.none_expert, experts], [k.none_tokens, tokens]
         if self.S == 1 or self.R <= _GREEDY_MAX_GPUS:
             tg = (k.g_add + k.g_num * total) // k.g_div
-            ge, gt = _greedy(c, L, tg, self._grouped(counts.device), self.S)
+            ge, gt = _greedy(c, L, tg, self._grouped(counts.device), self.S, self.min_piece)
             experts.append(ge)
             tokens.append(gt)
         slot_expert, slot_tokens = torch.cat(experts), torch.cat(tokens)
@@ -381,7 +381,7 @@ class TopoEPPlanner:
         if H == 1:
             return cv, None
         HL = L.view(H, G).sum(1)  # [H]
-        diff = HL - (T * G)[:, None]  # [V, H] host load minus host target
+        diff = HL - (T * G)[:, None]  # [n, H] host load minus host target
         hx = diff.clamp(min=0)  # excess
         order = torch.sort(k.host_key - c, stable=True).indices  # by host, load desc
         before = _group_before(c[None, :], order, H)  # same for all candidates
@@ -442,7 +442,7 @@ class TopoEPPlanner:
 
 
 def _greedy(c: torch.Tensor, L: torch.Tensor, T: torch.Tensor, grouped: torch.Tensor,
-            slots: int):
+            slots: int, min_piece: int = 1):
     """Sequential greedy, batched over targets T [B]: R steps, each moves tokens of the most
     loaded GPU's largest remaining home expert into a free slot of the GPU with the most room
     below T (the whole expert if it fits, so a donor may drop below T and take a later piece in
@@ -466,6 +466,8 @@ def _greedy(c: torch.Tensor, L: torch.Tensor, T: torch.Tensor, grouped: torch.Te
         # the GPU with a free slot and the most room
         s, r = torch.where(used < slots, room, -_BIG).max(1, keepdim=True)
         amt = torch.minimum(top, s).clamp(min=0) * (rd < 0)
+        if min_piece > 1:  # too small to be worth copying an expert's weights
+            amt = amt * (amt >= min_piece)
         moved = amt.clamp(max=1)
         rem.scatter_add_(1, x, -amt)
         room.scatter_add_(1, d, amt)
