@@ -677,7 +677,11 @@ void Scheduler::other_decompositions(const std::vector<int64_t>& demand, const s
     out->back().family = kCatalogChannels;
   }
   if (candidates_ & kPeerRounds) out->push_back(peer_decomposition(demand));
-  if (candidates_ & kDirect) out->push_back(direct_decomposition(demand));
+  // Source-major order starts every source on the same few receivers; with copy-engine queues
+  // that serialises the whole exchange.  Below kMaxSimulatedRanks the event model sees it and
+  // rejects it where needed; past it (bounds only) the candidate is not offered.
+  const bool queued_blind = model_.copy_engines > 0 && n_ > kMaxSimulatedRanks;
+  if ((candidates_ & kDirect) && (!queued_blind || candidates_ == kDirect)) out->push_back(direct_decomposition(demand));
 }
 
 // Whether the event model may cost `dec` fused by `merge`: its work grows with the flows of a
