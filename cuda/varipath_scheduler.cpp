@@ -39,8 +39,8 @@ constexpr double kFuseLatencyShare = 0.03;
 constexpr std::size_t kMaxSimulatedPhaseFlows = 1024;
 constexpr std::size_t kMaxSimulatedFlows = 4096;
 constexpr int kMaxSimulatedRanks = 32;
-// Past kMaxSimulatedRanks ranks fused runs are bounded up to this many channel phases (each
-// merge factor's bound costs a pass over the plan; the planner picked 2 or 4 there).
+// Past kMaxSimulatedRanks ranks fused runs are bounded up to this many channel phases, and all
+// in one (each merge factor's bound costs a pass over the plan).
 constexpr int kMaxMergeManyRanks = 8;
 // See decompositions().
 constexpr int kCatalogMaxRanks = 16;
@@ -502,9 +502,11 @@ std::vector<std::vector<int>> Scheduler::link_greedy(const std::vector<int64_t>&
   std::vector<int64_t> left(demand.size(), 0);
   std::vector<double> link_left(link_bw_.size(), 0.0);  // bytes still to cross each link
   std::vector<int> active;
+  int64_t top = 0;
   for (size_t p = 0; p < demand.size(); ++p) {
     if (static_cast<int>(p) / n_ == static_cast<int>(p) % n_ || demand[p] <= 0) continue;
     left[p] = demand[p];
+    top = std::max(top, demand[p]);
     active.push_back(static_cast<int>(p));
     for (int l : pair_links_[p]) link_left[l] += static_cast<double>(demand[p]);
   }
@@ -535,7 +537,10 @@ std::vector<std::vector<int>> Scheduler::link_greedy(const std::vector<int64_t>&
         lead = entry.second;
         break;
       }
-    const double lead_cap = static_cast<double>(quantum) * (rate[lead] / rate_Bps_);
+    // Slices scale with the lead's rate (equal-time slices); a quantum above the largest demand
+    // sends the lead's whole remainder (phases as long as the slowest whole pair).
+    const double lead_cap = quantum > top ? static_cast<double>(left[lead])
+                                          : static_cast<double>(quantum) * (rate[lead] / rate_Bps_);
     const double span = std::min(static_cast<double>(left[lead]), std::max(1.0, lead_cap)) / rate[lead];
     std::vector<int> pairs;
     std::vector<int64_t> amount;
@@ -651,17 +656,22 @@ std::vector<int64_t> Scheduler::quanta(int64_t top, double bound_s) const {
   return sliced ? std::vector<int64_t>{top, slice} : std::vector<int64_t>{top};
 }
 
-std::vector<Scheduler::Decomposition> Scheduler::link_decompositions(const std::vector<int64_t>& demand,
-                                                                     const std::vector<int64_t>& qs) const {
-  std::vector<Decomposition> out;
-  if (!(candidates_ & kLinkGreedy)) return out;
-  for (int64_t q : qs) {
-    out.emplace_back();
-    out.back().pairs = link_greedy(demand, q, &out.back().bytes);
-    out.back().quantum = q;
-    out.back().family = kLinkGreedy;
-  }
-  return out;
+// Quanta of the link-greedy passes: with the largest demand as quantum a slow lead
+// (cross-socket) still gets a rate-scaled slice; one more pass (quantum above the largest
+// demand) lets it go whole, which keeps uniform cross-socket pairs in one piece.
+std::vector<int64_t> Scheduler::link_passes(const std::vector<int64_t>& qs, int64_t top) const {
+  std::vector<int64_t> passes = qs;
+  if (n_ <= kMaxSimulatedRanks && qs.front() == top) passes.insert(passes.begin(), top + 1);
+  return passes;
+}
+
+Scheduler::Decomposition Scheduler::link_decomposition(const std::vector<int64_t>& demand, int64_t quantum,
+                                                       int64_t top) const {
+  Decomposition dec;
+  dec.pairs = link_greedy(demand, quantum, &dec.bytes);
+  dec.quantum = std::min(quantum, top);
+  dec.family = kLinkGreedy;
+  return dec;
 }
 
 void Scheduler::other_decompositions(const std::vector<int64_t>& demand, const std::vector<double>& weight,
@@ -682,6 +692,43 @@ void Scheduler::other_decompositions(const std::vector<int64_t>& demand, const s
   // rejects it where needed; past it (bounds only) the candidate is not offered.
   const bool queued_blind = model_.copy_engines > 0 && n_ > kMaxSimulatedRanks;
   if ((candidates_ & kDirect) && (!queued_blind || candidates_ == kDirect)) out->push_back(direct_decomposition(demand));
+}
+
+// A lower bound on the cost-model cost of any plan, from the most loaded link l (m pairs cross
+// it, the largest with b bytes): with P phases using l, each pays the start latency, and in each
+// phase the t-th largest transfer on l is delivered while at least t share it, at bandwidth *
+// eta(t) at most; rank t holds at most P * b bytes over the plan.  Minimised over P.  Without
+// eta (fluid, copy engines) this is one start latency plus l's time, the plain bound.
+double Scheduler::plan_floor(const std::vector<int64_t>& demand, double bound_s) const {
+  std::vector<double> load(link_bw_.size(), 0.0);
+  for (size_t p = 0; p < demand.size(); ++p)
+    if (static_cast<int>(p) / n_ != static_cast<int>(p) % n_ && demand[p] > 0)
+      for (int l : pair_links_[p]) load[l] += static_cast<double>(demand[p]);
+  int hot = 0;
+  for (size_t l = 1; l < load.size(); ++l)
+    if (load[l] / link_bw_[l] > load[hot] / link_bw_[hot]) hot = static_cast<int>(l);
+  int pairs = 0;
+  double biggest = 0.0;
+  for (size_t p = 0; p < demand.size(); ++p) {
+    if (static_cast<int>(p) / n_ == static_cast<int>(p) % n_ || demand[p] <= 0) continue;
+    for (int l : pair_links_[p])
+      if (l == hot) {
+        ++pairs;
+        biggest = std::max(biggest, static_cast<double>(demand[p]));
+      }
+  }
+  if (model_.eta_beta <= 0.0 || pairs == 0) return latency_s_ + bound_s;
+  double best = std::numeric_limits<double>::infinity();
+  for (int phases = 1; phases <= pairs; ++phases) {
+    double left = load[hot], cost = phases * latency_s_;
+    for (int rank = 1; left > 0.0 && cost < best; ++rank) {
+      const double take = std::min(left, phases * biggest);
+      cost += take / (link_bw_[hot] * eta(rank));
+      left -= take;
+    }
+    best = std::min(best, cost);
+  }
+  return std::max(best, latency_s_ + bound_s);
 }
 
 // Whether the event model may cost `dec` fused by `merge`: its work grows with the flows of a
@@ -721,21 +768,27 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
   double bound_s = 0.0;
   const std::vector<double> weight = pair_urgency(demand, &bound_s);
   const std::vector<int64_t> qs = quanta(top, bound_s);
-  std::vector<Decomposition> decs = link_decompositions(demand, qs);
-  LinkScratch ls(link_bw_.size(), pair_links_.size(), static_cast<size_t>(n_));
-  // No plan costs less than one start latency plus the most loaded link's time: an exact
-  // link-greedy plan within kGoodEnough of that is taken without building the others.
+  std::vector<Decomposition> decs;
+  // No plan costs less than plan_floor(): an exact link-greedy plan within kGoodEnough of it is
+  // taken without building the others.
+  const double floor_s = plan_floor(demand, bound_s);
   double best_exact = std::numeric_limits<double>::infinity();
-  for (const Decomposition& dec : decs) {
-    bool exact = true;
-    const double cost = merged_bound(dec, 1, &ls, &exact);
-    if (exact && cost <= (1.0 + kGoodEnough) * (latency_s_ + bound_s)) {
-      if (info) *info = PlanInfo{cost, static_cast<int>(dec.pairs.size()), 1, static_cast<double>(dec.quantum), 0, dec.family, 1, 0};
-      return materialize(dec.pairs, dec.bytes, 1);
+  LinkScratch ls(link_bw_.size(), pair_links_.size(), static_cast<size_t>(n_));
+  if (candidates_ & kLinkGreedy)
+    for (int64_t q : link_passes(qs, top)) {
+      decs.push_back(link_decomposition(demand, q, top));
+      const Decomposition& dec = decs.back();
+      bool exact = true;
+      const double cost = merged_bound(dec, 1, &ls, &exact);
+      if (exact && cost <= (1.0 + kGoodEnough) * floor_s) {
+        if (info)
+          *info = PlanInfo{cost, static_cast<int>(dec.pairs.size()), 1, static_cast<double>(dec.quantum), 0,
+                           dec.family, 1, 0};
+        return materialize(dec.pairs, dec.bytes, 1);
+      }
+      if (exact) best_exact = std::min(best_exact, cost);
     }
-    if (exact) best_exact = std::min(best_exact, cost);
-  }
-  const bool catalog_may_pay = best_exact > (1.0 + kCatalogGain) * (latency_s_ + bound_s);
+  const bool catalog_may_pay = best_exact > (1.0 + kCatalogGain) * floor_s;
   other_decompositions(demand, weight, top, catalog_may_pay, &decs);
   // Every (decomposition, merge factor 1, 2, 4, ..., all) is a candidate.  Their lower bounds
   // are cheap; the event model is run only for candidates whose bound can still beat the best
@@ -752,11 +805,13 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
   for (size_t d = 0; d < decs.size(); ++d) {
     const int count = static_cast<int>(decs[d].pairs.size());
     for (int merge = 1;; merge *= 2) {
-      const int m = std::min(merge, count);
+      // Past kMaxSimulatedRanks ranks: 1, 2, 4, 8, then all phases in one.
+      const bool skip_to_all = n_ > kMaxSimulatedRanks && merge > kMaxMergeManyRanks;
+      const int m = skip_to_all ? count : std::min(merge, count);
       bool exact = true;
       const double bound = merged_bound(decs[d], m, &ls, &exact);
       cands.push_back({bound, static_cast<int>(d), m, exact});
-      if (m >= count || !worth_fusing(count, bound) || (n_ > kMaxSimulatedRanks && m >= kMaxMergeManyRanks)) break;
+      if (m >= count || !worth_fusing(count, bound)) break;
     }
   }
   std::sort(cands.begin(), cands.end());

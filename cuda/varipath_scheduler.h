@@ -95,8 +95,8 @@ class Scheduler {
     int family = 0;
   };
   std::vector<int64_t> quanta(int64_t top, double bound_s) const;
-  std::vector<Decomposition> link_decompositions(const std::vector<int64_t>& demand,
-                                                 const std::vector<int64_t>& quanta) const;
+  std::vector<int64_t> link_passes(const std::vector<int64_t>& quanta, int64_t top) const;
+  Decomposition link_decomposition(const std::vector<int64_t>& demand, int64_t quantum, int64_t top) const;
   void other_decompositions(const std::vector<int64_t>& demand, const std::vector<double>& weight, int64_t top,
                             bool with_catalog, std::vector<Decomposition>* out) const;
   Decomposition peer_decomposition(const std::vector<int64_t>& demand) const;
@@ -105,6 +105,7 @@ class Scheduler {
   void reset_scratch(LinkScratch* ls) const;
   bool worth_fusing(int phases, double unfused_bound) const;
   bool affordable(const Decomposition& dec, int merge) const;
+  double plan_floor(const std::vector<int64_t>& demand, double bound_s) const;
   std::vector<double> pair_rates() const;
   std::vector<Phase> peer_rounds(const std::vector<int64_t>& demand) const;
   std::vector<Phase> materialize(const std::vector<std::vector<int>>& chans,
