@@ -54,6 +54,11 @@ std::string Plan::describe() const {
 
 static bool useDirectRead(const PlanRequest& req) {
   if (!req.crossMemory || req.world == 1 || req.kind == OpKind::Barrier) return false;
+  // all_reduce reads every byte twice across processes (reduce-scatter, then all-gather). While
+  // the group's data fits the cache, direct reads win (one copy per byte); beyond it
+  // process_vm_readv's per-page cost (~60 % of memcpy speed) makes staging plus streaming
+  // copies out faster (measured on the CI VM, README).
+  if (req.kind == OpKind::AllReduce && req.bytes * req.world >= req.allReduceDirectReadMaxBytes) return false;
   return req.bytes >= req.crossMemoryMinBytes;
 }
 

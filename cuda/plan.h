@@ -78,6 +78,7 @@ struct PlanRequest {
   int64_t oneShotMaxBytes = 0;   // allreduce: at or below this, every rank reduces everything
   bool crossMemory = false;      // peers' buffers are directly readable
   int64_t crossMemoryMinBytes = 0;  // use direct reads at or above this payload
+  int64_t allReduceDirectReadMaxBytes = 0;  // all_reduce: direct reads only while bytes x world is below
   std::vector<TransferPhase> phases;  // alltoall: the schedule (every pair's bytes, in order)
 };
 

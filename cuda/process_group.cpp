@@ -133,6 +133,7 @@ HocclConfig HocclConfig::fromEnv(int world) {
   c.shm.ringBytes = static_cast<size_t>(envBytes("HOCCL_SHM_RING_BYTES", ringDefault));
   c.oneShotMaxBytes = envBytes("HOCCL_ALLREDUCE_ONESHOT_BYTES", 64 << 10);
   c.crossMemoryMinBytes = envBytes("HOCCL_CMA_MIN_BYTES", 256 << 10);
+  c.allReduceDirectReadMaxBytes = envBytes("HOCCL_ALLREDUCE_CMA_MAX_BYTES", 64 << 20);
   std::string cma = envString("HOCCL_SHM_CMA", "auto");
   if (cma == "auto") c.shm.crossMemory = -1;
   else if (cma == "0" || cma == "off") c.shm.crossMemory = 0;
@@ -217,6 +218,13 @@ void ProcessGroupHOCCL::setAllToAllChannels(std::vector<std::vector<std::pair<in
   channels_ = std::move(channels);
   phaseLatency_ = phaseLatency;
   bandwidth_ = bandwidth;
+#ifdef HOCCL_HAVE_VARIOPATH
+  // Built once: constructing it indexes the catalog. One channel holding every pair (the flat
+  // topology) leaves nothing to schedule: the single phase is the plan, no scheduler needed.
+  scheduler_.reset();
+  if (channels_.size() > 1)
+    scheduler_ = std::make_shared<const varipath::Scheduler>(size_, channels_, phaseLatency_, bandwidth_);
+#endif
 }
 
 std::string ProcessGroupHOCCL::lastAlgorithm() const {
@@ -384,13 +392,14 @@ std::vector<TransferPhase> ProcessGroupHOCCL::scheduleAllToAll(const std::vector
   }
 #ifdef HOCCL_HAVE_VARIOPATH
   if (config_.alltoall == AllToAllAlgo::VarioPath && !channels_.empty()) {
-    varipath::Scheduler sched(W, channels_, phaseLatency_, bandwidth_);
-    for (const auto& ph : sched.plan(m)) {
-      TransferPhase p;
-      for (const auto& t : ph) p.push_back({t.src, t.dst, t.bytes});
-      phases.push_back(p);
+    if (scheduler_) {
+      for (const auto& ph : scheduler_->plan(m)) {
+        TransferPhase p;
+        for (const auto& t : ph) p.push_back({t.src, t.dst, t.bytes});
+        phases.push_back(p);
+      }
+      return phases;
     }
-    return phases;
   }
 #endif
   TransferPhase all;
@@ -422,6 +431,7 @@ void ProcessGroupHOCCL::runCollective(Collective& c) {
   c.req.oneShotMaxBytes = config_.oneShotMaxBytes;
   c.req.crossMemory = group_->crossMemory();
   c.req.crossMemoryMinBytes = config_.crossMemoryMinBytes;
+  c.req.allReduceDirectReadMaxBytes = config_.allReduceDirectReadMaxBytes;
   c.ctx.desc.opSeq = ++opSeq_;
   c.ctx.desc.kind = static_cast<int8_t>(c.req.kind);
   c.ctx.desc.dtype = static_cast<int8_t>(c.ctx.dtype);

@@ -21,6 +21,9 @@
 #include "shm_group.h"
 
 namespace hoccl {
+namespace varipath {
+class Scheduler;
+}
 
 class WorkHOCCL : public c10d::Work {
  public:
@@ -63,6 +66,7 @@ struct HocclConfig {
   ShmConfig shm;
   int64_t oneShotMaxBytes = 64 << 10;
   int64_t crossMemoryMinBytes = 256 << 10;
+  int64_t allReduceDirectReadMaxBytes = 64 << 20;  // all_reduce: direct reads below bytes x world
   int64_t inlineMaxBytes = 64 << 10;  // run smaller collectives on the caller's thread when idle
   int64_t streamingCopyMinBytes = 1 << 20;  // copies into outputs from this size bypass the cache
   bool cudaViaHostOnly = false;  // HOCCL_CUDA_TRANSPORT=host
@@ -220,6 +224,7 @@ class ProcessGroupHOCCL : public c10d::Backend {
   std::mutex planMutex_;
   std::map<std::string, std::shared_ptr<const Plan>> planCache_;
   std::vector<std::vector<std::pair<int, int>>> channels_;
+  std::shared_ptr<const varipath::Scheduler> scheduler_;  // set when channels_ has > 1 channel
   double phaseLatency_ = 5e-6, bandwidth_ = 1e10;
   mutable std::mutex lastAlgoMutex_;
   std::string lastAlgo_;
