@@ -215,15 +215,16 @@ void ProcessGroupHOCCL::abort() {
 
 void ProcessGroupHOCCL::setAllToAllChannels(std::vector<std::vector<std::pair<int, int>>> channels,
                                             double phaseLatency, double bandwidth) {
-  channels_ = std::move(channels);
-  phaseLatency_ = phaseLatency;
-  bandwidth_ = bandwidth;
+  hasChannels_ = !channels.empty();
 #ifdef HOCCL_HAVE_VARIOPATH
   // Built once: constructing it indexes the catalog. One channel holding every pair (the flat
   // topology) leaves nothing to schedule: the single phase is the plan, no scheduler needed.
   scheduler_.reset();
-  if (channels_.size() > 1)
-    scheduler_ = std::make_shared<const varipath::Scheduler>(size_, channels_, phaseLatency_, bandwidth_);
+  if (channels.size() > 1)
+    scheduler_ = std::make_shared<const varipath::Scheduler>(size_, std::move(channels), phaseLatency, bandwidth);
+#else
+  (void)phaseLatency;
+  (void)bandwidth;
 #endif
 }
 
@@ -391,15 +392,13 @@ std::vector<TransferPhase> ProcessGroupHOCCL::scheduleAllToAll(const std::vector
     return phases;
   }
 #ifdef HOCCL_HAVE_VARIOPATH
-  if (config_.alltoall == AllToAllAlgo::VarioPath && !channels_.empty()) {
-    if (scheduler_) {
-      for (const auto& ph : scheduler_->plan(m)) {
-        TransferPhase p;
-        for (const auto& t : ph) p.push_back({t.src, t.dst, t.bytes});
-        phases.push_back(p);
-      }
-      return phases;
+  if (config_.alltoall == AllToAllAlgo::VarioPath && scheduler_) {
+    for (const auto& ph : scheduler_->plan(m)) {
+      TransferPhase p;
+      for (const auto& t : ph) p.push_back({t.src, t.dst, t.bytes});
+      phases.push_back(p);
     }
+    return phases;
   }
 #endif
   TransferPhase all;
@@ -466,7 +465,7 @@ void ProcessGroupHOCCL::runCollective(Collective& c) {
     c.ctx.validate = nullptr;
     Plan phased = buildPlan(c.req);
     std::string algo = config_.alltoall == AllToAllAlgo::Pairwise ? "pairwise"
-                       : (config_.alltoall == AllToAllAlgo::VarioPath && !channels_.empty()) ? "varipath"
+                       : (config_.alltoall == AllToAllAlgo::VarioPath && hasChannels_) ? "varipath"
                                                                                              : "direct";
     phased.algo = "alltoall/" + algo;
     plan = std::make_shared<const Plan>(std::move(phased));
@@ -574,7 +573,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allreduceSparse(std::vector<at
   TORCH_CHECK(op == RedOp::Sum || (op == RedOp::Avg && (t.is_floating_point() || t.is_complex())),
               "hoccl all_reduce on rank ", rank_, ": sparse tensors support SUM (and AVG for floating dtypes), not ",
               redOpName(op), " on ", t.scalar_type());
-  return enqueue(c10d::OpType::ALLREDUCE, tensors, [this, t, op] { sparseAllreduce(t, op); });
+  return enqueue(c10d::OpType::ALLREDUCE, tensors, [this, t, op] { runSparseAllreduce(t, op); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allreduce_coalesced(

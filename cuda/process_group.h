@@ -192,7 +192,7 @@ class ProcessGroupHOCCL : public c10d::Backend {
   // Collective builders shared by the public entry points.
   void allreduceTensor(const at::Tensor& tensor, RedOp op, double factor);
   c10::intrusive_ptr<c10d::Work> allreduceSparse(std::vector<at::Tensor>& tensors, RedOp op);
-  void sparseAllreduce(at::Tensor tensor, RedOp op);  // sparse_allreduce.cpp
+  void runSparseAllreduce(at::Tensor tensor, RedOp op);  // worker side, sparse_allreduce.cpp
   void allgatherBlocks(const at::Tensor& input, const std::vector<at::Tensor>& outputs, OpKind kind, int root);
   void reduceScatterBlocks(const std::vector<at::Tensor>& inputs, const at::Tensor& output, RedOp op, double factor);
   void alltoallBlocks(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
@@ -214,8 +214,8 @@ class ProcessGroupHOCCL : public c10d::Backend {
   std::condition_variable queueCv_;
   std::deque<std::pair<c10::intrusive_ptr<WorkHOCCL>, Body>> queue_;
   bool stopping_ = false;
-  bool busy_ = false;
-  std::atomic<uint64_t> issued_{0};  // a task is running (on the worker or inline)
+  bool busy_ = false;  // a task is running (on the worker or inline)
+  std::atomic<uint64_t> issued_{0};  // collectives issued so far (getSequenceNumberForGroup)
   std::thread worker_;
 
   bool coalescing_ = false;
@@ -223,9 +223,8 @@ class ProcessGroupHOCCL : public c10d::Backend {
 
   std::mutex planMutex_;
   std::map<std::string, std::shared_ptr<const Plan>> planCache_;
-  std::vector<std::vector<std::pair<int, int>>> channels_;
-  std::shared_ptr<const varipath::Scheduler> scheduler_;  // set when channels_ has > 1 channel
-  double phaseLatency_ = 5e-6, bandwidth_ = 1e10;
+  bool hasChannels_ = false;  // VarioPath channels were set (names the algorithm "varipath")
+  std::shared_ptr<const varipath::Scheduler> scheduler_;  // set when there is > 1 channel
   mutable std::mutex lastAlgoMutex_;
   std::string lastAlgo_;
 };

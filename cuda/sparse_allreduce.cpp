@@ -73,7 +73,7 @@ std::vector<at::Tensor> blocksOf(const at::Tensor& stacked) {
 
 }  // namespace
 
-void ProcessGroupHOCCL::sparseAllreduce(at::Tensor tensor, RedOp op) {
+void ProcessGroupHOCCL::runSparseAllreduce(at::Tensor tensor, RedOp op) {
   at::Tensor mine = tensor.coalesce();
   at::Tensor header = sparseHeader(mine, rank_);
   at::Tensor headers = at::empty({size_, kHeaderLen}, at::kLong);
