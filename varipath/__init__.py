@@ -107,3 +107,13 @@ def coverage(phases: Sequence[Sequence[Tuple[int, int, int]]], n: int) -> np.nda
         for s, d, b in ph:
             out[s, d] += b
     return out
+
+
+def __getattr__(name: str):
+    """`varipath.baselines` without an explicit import (the documented contract), loaded on first
+    use so that `import varipath` at process-group creation does not pull in scipy."""
+    if name == "baselines":
+        import importlib
+
+        return importlib.import_module(".baselines", __name__)  # binds varipath.baselines too
+    raise AttributeError(f"module 'varipath' has no attribute {name!r}")
