@@ -5,8 +5,10 @@
     python -m hoccl_backend.bench --json out.json --plot out.png
     python -m hoccl_backend.bench --overlap               # GPU only: GEMM slowdown under comm
 
-Each (backend, world) runs in its own set of spawned ranks. Times are the maximum over ranks of
-the mean time per iteration. algbw = bytes / time; busbw = algbw x the nccl-tests factor
+Each world size runs in one set of spawned ranks holding a group per backend. For each (op,
+size) the backends take turns over --rounds rounds (order reversed every other round), so both
+meet the same machine load; a backend's time is the median over rounds of the slowest rank's mean
+time per iteration. algbw = bytes / time; busbw = algbw x the nccl-tests factor
 (all_reduce 2(n-1)/n, the others (n-1)/n). "bytes" is the full buffer: all_reduce's tensor,
 all_gather's output, reduce_scatter's input, all_to_all's per-rank input.
 """
@@ -38,17 +40,17 @@ def _iters_for(nbytes: int, budget_bytes: int = 1 << 29) -> int:
     return int(max(5, min(200, budget_bytes // max(nbytes, 1))))
 
 
-def _run_op(op, buf, world):
+def _run_op(op, buf, group):
     import torch.distributed as dist
 
     if op == "all_reduce":
-        dist.all_reduce(buf["x"])
+        dist.all_reduce(buf["x"], group=group)
     elif op == "all_gather":
-        dist.all_gather_into_tensor(buf["out"], buf["x"])
+        dist.all_gather_into_tensor(buf["out"], buf["x"], group=group)
     elif op == "reduce_scatter":
-        dist.reduce_scatter_tensor(buf["out"], buf["x"])
+        dist.reduce_scatter_tensor(buf["out"], buf["x"], group=group)
     elif op == "all_to_all":
-        dist.all_to_all_single(buf["out"], buf["x"])
+        dist.all_to_all_single(buf["out"], buf["x"], group=group)
 
 
 def _buffers(op, nbytes, world):
@@ -65,38 +67,58 @@ def _buffers(op, nbytes, world):
     return {"x": torch.ones(n), "out": torch.empty(n)}
 
 
-def _rank_job(rank, world, backend, ops, sizes, port, queue, show_progress):
+def _time_rounds(op, buf, group, iters):
+    """Mean seconds per iteration of `iters` back-to-back calls, started together on every rank."""
+    import torch.distributed as dist
+
+    dist.barrier(group=group)
+    start = time.perf_counter()
+    for _ in range(iters):
+        _run_op(op, buf, group)
+    return (time.perf_counter() - start) / iters
+
+
+def _rank_job(rank, world, backends, ops, sizes, rounds, port, queue, show_progress):
+    """One rank: a group per backend, and for each (op, size) the backends take turns, round by
+    round, so that every backend meets the same machine load (this VM's speed drifts by 2x over
+    minutes). The figure per backend is the median over rounds of the slowest rank's mean."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    if backend == "hoccl":
+    if "hoccl" in backends:
         import hoccl_backend  # noqa: F401
-    dist.init_process_group(backend, rank=rank, world_size=world)
+    dist.init_process_group(backends[0], rank=rank, world_size=world)
+    groups = {b: dist.new_group(backend=b) for b in backends}
+    control = groups[backends[0]]
     rows = []
     total = len(ops) * len(sizes)
     done = 0
     for op in ops:
         for nbytes in sizes:
-            buf = _buffers(op, nbytes, world)
-            iters = _iters_for(nbytes)
-            for _ in range(max(2, iters // 10)):
-                _run_op(op, buf, world)
-            dist.barrier()
-            start = time.perf_counter()
-            for _ in range(iters):
-                _run_op(op, buf, world)
-            elapsed = (time.perf_counter() - start) / iters
-            t = torch.tensor([elapsed], dtype=torch.float64)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            real_bytes = buf["out"].numel() * 4 if op == "all_gather" else buf["x"].numel() * 4
-            rows.append({"backend": backend, "world": world, "op": op, "bytes": real_bytes,
-                         "time_us": t.item() * 1e6})
+            bufs = {b: _buffers(op, nbytes, world) for b in backends}
+            per_round = max(1, _iters_for(nbytes) // rounds)
+            for b in backends:  # warm-up: page faults, first-call setup
+                for _ in range(max(2, per_round // 2)):
+                    _run_op(op, bufs[b], groups[b])
+            samples = {b: [] for b in backends}
+            for r in range(rounds):
+                order = backends if r % 2 == 0 else backends[::-1]
+                for b in order:
+                    samples[b].append(_time_rounds(op, bufs[b], groups[b], per_round))
+            for b in backends:
+                t = torch.tensor(samples[b], dtype=torch.float64)
+                dist.all_reduce(t, op=dist.ReduceOp.MAX, group=control)
+                buf = bufs[b]
+                real_bytes = buf["out"].numel() * 4 if op == "all_gather" else buf["x"].numel() * 4
+                rows.append({"backend": b, "world": world, "op": op, "bytes": real_bytes,
+                             "time_us": t.median().item() * 1e6, "rounds": rounds,
+                             "iters_per_round": per_round})
             done += 1
             if rank == 0 and show_progress:
                 bar = "#" * int(30 * done / total)
-                sys.stderr.write(f"\r  {backend:5s} world={world} [{bar:<30s}] {done}/{total} {op} {nbytes}B   ")
+                sys.stderr.write(f"\r  world={world} [{bar:<30s}] {done}/{total} {op} {nbytes}B   ")
                 sys.stderr.flush()
     if rank == 0 and show_progress:
         sys.stderr.write("\n")
@@ -105,7 +127,7 @@ def _rank_job(rank, world, backend, ops, sizes, port, queue, show_progress):
         queue.put(rows)
 
 
-def run_backend(backend: str, world: int, ops, sizes, show_progress=True) -> list[dict]:
+def run_world(backends: list[str], world: int, ops, sizes, rounds: int = 5, show_progress=True) -> list[dict]:
     import multiprocessing as mp
     import socket
 
@@ -114,7 +136,8 @@ def run_backend(backend: str, world: int, ops, sizes, show_progress=True) -> lis
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_rank_job, args=(r, world, backend, ops, sizes, port, queue, show_progress))
+    procs = [ctx.Process(target=_rank_job,
+                         args=(r, world, backends, ops, sizes, rounds, port, queue, show_progress))
              for r in range(world)]
     for p in procs:
         p.start()
@@ -203,6 +226,8 @@ def main(argv=None) -> int:
     parser.add_argument("--sizes", default=None, help="comma list, e.g. 8,1M,16M")
     parser.add_argument("--json", default=None, help="write every row to this file")
     parser.add_argument("--plot", default=None, help="write a PNG of busbw vs size")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="timing rounds per (op, size); backends alternate round by round (default 5)")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--overlap", action="store_true", help="GPU: GEMM throughput under communication")
     args, rest = parser.parse_known_args(argv)
@@ -221,8 +246,7 @@ def main(argv=None) -> int:
     sizes = [parse_size(s) for s in args.sizes.split(",")] if args.sizes else DEFAULT_SIZES
     rows = []
     for world in worlds:
-        for backend in backends:
-            rows += run_backend(backend, world, ops, sizes, show_progress=not args.no_progress)
+        rows += run_world(backends, world, ops, sizes, args.rounds, show_progress=not args.no_progress)
     mc = memcpy_bandwidth()
     print(f"# machine: {os.cpu_count()} cores; single-core memcpy {mc:.2f} GB/s")
     print_table(rows, backends)
