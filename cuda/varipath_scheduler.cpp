@@ -19,6 +19,14 @@ namespace varipath {
 
 namespace {
 
+// splitmix64 finaliser: candidate signatures (identical fused phases are costed once).
+uint64_t mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
 std::string pair_name(int p, int n) {
   return "(" + std::to_string(p / n) + ", " + std::to_string(p % n) + ")";
 }
@@ -81,6 +89,7 @@ Scheduler::Scheduler(int n, std::vector<std::vector<std::pair<int, int>>> channe
       if (s != d) pl[s * n + d] = {s, n + d};
   link_bw_ = std::move(bw);
   pair_links_ = std::move(pl);
+  index_links();
 }
 
 void Scheduler::set_link_model(std::vector<double> link_bw, std::vector<std::vector<int>> pair_links) {
@@ -97,6 +106,7 @@ void Scheduler::set_link_model(std::vector<double> link_bw, std::vector<std::vec
                                     " out of range");
   link_bw_ = std::move(link_bw);
   pair_links_ = std::move(pair_links);
+  index_links();
 }
 
 void Scheduler::set_cost_model(const CostModel& model) {
@@ -139,7 +149,7 @@ std::vector<double> Scheduler::pair_urgency(const std::vector<int64_t>& demand, 
   std::vector<double> load(link_bw_.size(), 0.0);
   for (size_t p = 0; p < demand.size(); ++p)
     if (static_cast<int>(p) / n_ != static_cast<int>(p) % n_ && demand[p] > 0)
-      for (int l : pair_links_[p]) load[l] += static_cast<double>(demand[p]);
+      for (int l : links_of(p)) load[l] += static_cast<double>(demand[p]);
   double top = 0.0;
   for (size_t l = 0; l < load.size(); ++l) top = std::max(top, load[l] / link_bw_[l]);
   *bound_s = top;
@@ -147,7 +157,7 @@ std::vector<double> Scheduler::pair_urgency(const std::vector<int64_t>& demand, 
   if (top <= 0.0) return w;
   for (size_t p = 0; p < demand.size(); ++p) {
     double u = 0.0;
-    for (int l : pair_links_[p]) u = std::max(u, load[l] / link_bw_[l]);
+    for (int l : links_of(p)) u = std::max(u, load[l] / link_bw_[l]);
     w[p] = kMinWeight + u / top;
   }
   return w;
@@ -184,7 +194,7 @@ std::vector<std::vector<int>> Scheduler::decompose(const std::vector<int64_t>& d
   std::vector<int64_t> cap(demand.size(), quantum);
   std::vector<double> rate(demand.size(), rate_Bps_);
   for (size_t p = 0; p < demand.size(); ++p) {
-    for (int l : pair_links_[p]) rate[p] = std::min(rate[p], link_bw_[l]);
+    for (int l : links_of(p)) rate[p] = std::min(rate[p], link_bw_[l]);
     cap[p] = scale_by_rate ? std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(quantum) * (rate[p] / rate_Bps_)))
                            : quantum;
   }
@@ -198,18 +208,13 @@ std::vector<std::vector<int>> Scheduler::decompose(const std::vector<int64_t>& d
   std::vector<double> score(chan_pairs_.size(), 0.0);
   for (size_t c = 0; c < chan_pairs_.size(); ++c)
     for (int p : chan_pairs_[c]) score[c] += weight[p] * static_cast<double>(std::min(left[p], cap[p]));
-  // Lazy max-heap of (score, -channel): scores only decrease, so an entry whose score still
-  // matches is the true maximum; ties go to the lowest channel index (deterministic).
-  std::priority_queue<std::pair<double, int>> heap;
-  for (size_t c = 0; c < score.size(); ++c) heap.push({score[c], -static_cast<int>(c)});
+  // The channel with the highest score, ties to the lowest index (deterministic): a linear scan
+  // per phase (a few hundred channels) is cheaper than keeping a heap of decreasing scores.
   std::vector<std::vector<int>> phases;
   while (total > 0) {
-    while (heap.top().first != score[-heap.top().second]) {
-      const int c = -heap.top().second;
-      heap.pop();
-      heap.push({score[c], -c});
-    }
-    const size_t best = static_cast<size_t>(-heap.top().second);
+    size_t best = 0;
+    for (size_t c = 1; c < score.size(); ++c)
+      if (score[c] > score[best]) best = c;
     // Whole-pair passes keep pairs intact; sliced passes time phases by the bottleneck pair.
     const double span = scale_by_rate ? phase_span(chan_pairs_[best], left, cap, rate, weight)
                                       : std::numeric_limits<double>::infinity();
@@ -255,11 +260,12 @@ struct Scheduler::LinkScratch {
   std::vector<std::vector<double>> sizes_on;  // bound: flow sizes on each shared link
   std::vector<double> rate, left;
   std::vector<int> running, next_run;
-  std::vector<int> links_now, open_flows, unfrozen_on;  // max-min filling
-  std::vector<double> cap_left;
+  std::vector<int> links_now, open_flows, unfrozen_on;  // max-min: links by local index
+  std::vector<int> link_id, link_off, link_members;
+  std::vector<double> cap_left, share;
   explicit LinkScratch(size_t links, size_t pairs, size_t gpus)
       : load(links, 0.0), flows(links, 0), slot(pairs, -1), active_on(links, 0),
-        per_source(gpus, 0), sizes_on(links), unfrozen_on(links, 0), cap_left(links, 0.0) {}
+        per_source(gpus, 0), sizes_on(links), unfrozen_on(links, 0), link_id(links, 0), cap_left(links, 0.0), share(links, 0.0) {}
 };
 
 void Scheduler::add_transfer(LinkScratch* ls, int pair, int64_t bytes, bool /*new_flow*/) const {
@@ -271,7 +277,7 @@ void Scheduler::add_transfer(LinkScratch* ls, int pair, int64_t bytes, bool /*ne
     ls->flow_bytes.push_back(0.0);
   }
   ls->flow_bytes[at] += static_cast<double>(bytes);
-  for (int l : pair_links_[pair]) {
+  for (int l : links_of(pair)) {
     if (ls->flows[l] == 0 && ls->load[l] == 0.0) ls->touched.push_back(l);
     ls->load[l] += static_cast<double>(bytes);
     if (fresh) ls->flows[l] += 1;
@@ -289,36 +295,59 @@ double Scheduler::eta(int k) const {
 // by eta(flows on it) under the contention model: the simulator's rule, so that the event model
 // below reproduces its phase times.
 void Scheduler::max_min_rates(LinkScratch* ls) const {
+  // Classic bottleneck iteration: the link with the smallest fair share of its remaining
+  // capacity fixes the rate of its unfrozen flows; their rates come off their other links.
+  // Each flow is frozen once, so a solve costs O(flows x path + iterations x links).
   std::vector<int>& links = ls->links_now;
   links.clear();
   for (int f : ls->running)
-    for (int l : pair_links_[ls->flow_pair[f]]) {
+    for (int l : links_of(ls->flow_pair[f]))
       if (ls->active_on[l]++ == 0) links.push_back(l);
-    }
-  for (int l : links) {
-    ls->cap_left[l] = link_bw_[l] * (ls->active_on[l] > 1 ? eta(ls->active_on[l]) : 1.0);
-    ls->unfrozen_on[l] = ls->active_on[l];
+  const size_t nl = links.size();
+  std::vector<int>& off = ls->link_off;
+  off.assign(nl + 1, 0);
+  for (size_t i = 0; i < nl; ++i) {
+    const int l = links[i];
+    ls->link_id[l] = static_cast<int>(i);
+    off[i + 1] = off[i] + ls->active_on[l];
+    ls->cap_left[i] = link_bw_[l] * (ls->active_on[l] > 1 ? eta(ls->active_on[l]) : 1.0);
+    ls->unfrozen_on[i] = ls->active_on[l];
   }
-  std::vector<int>& open = ls->open_flows;
-  open.assign(ls->running.begin(), ls->running.end());
-  for (int f : open) ls->rate[f] = 0.0;
-  while (!open.empty()) {
-    double delta = std::numeric_limits<double>::infinity();
-    for (int l : links)
-      if (ls->unfrozen_on[l] > 0) delta = std::min(delta, ls->cap_left[l] / ls->unfrozen_on[l]);
-    for (int l : links) ls->cap_left[l] -= delta * ls->unfrozen_on[l];
-    size_t keep = 0;
-    for (int f : open) {
-      ls->rate[f] += delta;
-      bool full = false;
-      for (int l : pair_links_[ls->flow_pair[f]]) full = full || ls->cap_left[l] <= 1e-9 * link_bw_[l];
-      if (full) {
-        for (int l : pair_links_[ls->flow_pair[f]]) ls->unfrozen_on[l] -= 1;
-      } else {
-        open[keep++] = f;
+  std::vector<int>& member = ls->link_members;
+  member.resize(static_cast<size_t>(off[nl]));
+  std::vector<int>& fill = ls->open_flows;
+  fill.assign(off.begin(), off.end() - 1);
+  for (int f : ls->running) {
+    ls->rate[f] = -1.0;
+    for (int l : links_of(ls->flow_pair[f])) member[fill[ls->link_id[l]]++] = f;
+  }
+  // share[i]: link i's fair share of what is left for its unfrozen flows; recomputed only for
+  // links whose flows were just frozen.
+  std::vector<double>& share = ls->share;
+  for (size_t i = 0; i < nl; ++i) share[i] = ls->cap_left[i] / ls->unfrozen_on[i];
+  constexpr double kDone = std::numeric_limits<double>::infinity();
+  size_t open = ls->running.size();
+  while (open > 0) {
+    size_t neck = 0;
+    for (size_t i = 1; i < nl; ++i)
+      if (share[i] < share[neck]) neck = i;
+    const double level = std::max(share[neck], 0.0);
+    for (int k = off[neck]; k < off[neck + 1]; ++k) {
+      const int f = member[k];
+      if (ls->rate[f] >= 0.0) continue;
+      ls->rate[f] = level;
+      --open;
+      for (int l : links_of(ls->flow_pair[f])) {
+        const int i = ls->link_id[l];
+        ls->cap_left[i] -= level;
+        ls->unfrozen_on[i] -= 1;
       }
     }
-    open.resize(keep);
+    for (int k = off[neck]; k < off[neck + 1]; ++k)
+      for (int l : links_of(ls->flow_pair[member[k]])) {
+        const int i = ls->link_id[l];
+        share[i] = ls->unfrozen_on[i] > 0 ? ls->cap_left[i] / ls->unfrozen_on[i] : kDone;
+      }
   }
   for (int l : links) ls->active_on[l] = 0;
 }
@@ -328,7 +357,7 @@ void Scheduler::max_min_rates(LinkScratch* ls) const {
 // (and, with copy engines, the source's next queued transfer starts, in phase order).  Unlike
 // a per-link load bound it sees a flow stuck behind a busy link or queued behind its source's
 // other transfers.
-double Scheduler::event_time(LinkScratch* ls) const {
+double Scheduler::event_time(LinkScratch* ls, double limit) const {
   const size_t nf = ls->flow_pair.size();
   const int engines = model_.copy_engines;
   ls->left.assign(ls->flow_bytes.begin(), ls->flow_bytes.end());
@@ -346,7 +375,7 @@ double Scheduler::event_time(LinkScratch* ls) const {
     ls->running.push_back(static_cast<int>(f));
   }
   double t = 0.0;
-  while (!ls->running.empty()) {
+  while (!ls->running.empty() && t < limit) {
     max_min_rates(ls);
     double dt = std::numeric_limits<double>::infinity();
     for (int f : ls->running) dt = std::min(dt, ls->left[f] / ls->rate[f]);
@@ -384,7 +413,7 @@ double Scheduler::event_time(LinkScratch* ls) const {
 // carries at most one flow (and no source queues), flows run alone and the most loaded link's
 // time is exact under every model; so it is under `fluid`, where max-min sharing keeps the
 // bottleneck link busy.  Otherwise the event model above estimates the phase.
-double Scheduler::drain_cost(LinkScratch* ls) const {
+double Scheduler::drain_cost(LinkScratch* ls, double limit) const {
   if (ls->touched.empty()) return 0.0;
   double worst = 0.0;
   bool shared = false;
@@ -397,7 +426,7 @@ double Scheduler::drain_cost(LinkScratch* ls) const {
     for (int p : ls->flow_pair) ls->per_source[p / n_] = 0;  // but a custom one may not
   }
   const bool sharing_costs = model_.eta_beta > 0.0 || model_.copy_engines > 0;
-  const double data = shared && sharing_costs ? event_time(ls) : worst;
+  const double data = shared && sharing_costs ? event_time(ls, limit - latency_s_) : worst;
   reset_scratch(ls);
   return latency_s_ + data;
 }
@@ -416,7 +445,7 @@ void Scheduler::reset_scratch(LinkScratch* ls) const {
 double Scheduler::phase_cost(const Phase& phase) const {
   LinkScratch ls(link_bw_.size(), pair_links_.size(), static_cast<size_t>(n_));
   for (const Transfer& t : phase) add_transfer(&ls, t.src * n_ + t.dst, t.bytes, true);
-  return drain_cost(&ls);
+  return drain_cost(&ls, std::numeric_limits<double>::infinity());
 }
 
 double Scheduler::estimate(const std::vector<Phase>& phases) const {
@@ -426,16 +455,23 @@ double Scheduler::estimate(const std::vector<Phase>& phases) const {
 }
 
 // Cost of fusing runs of `merge` channel phases, without building the phases.  A pair repeated
-// inside a run counts as one flow (as materialize() merges it).
+// inside a run counts as one flow (as materialize() merges it).  Once the cost provably reaches
+// `limit` (what the candidate must beat) the rest is not simulated and +inf is returned.
 double Scheduler::merged_cost(const std::vector<std::vector<int>>& chans,
                               const std::vector<std::vector<int64_t>>& bytes, int merge, LinkScratch* ls,
-                              std::vector<int>* /*seen*/, int* /*stamp*/) const {
+                              double limit) const {
   double total = 0.0;
-  for (size_t start = 0; start < chans.size(); start += merge) {
+  const size_t groups = (chans.size() + merge - 1) / merge;
+  for (size_t g = 0, start = 0; start < chans.size(); start += merge, ++g) {
     const size_t stop = std::min(chans.size(), start + static_cast<size_t>(merge));
     for (size_t i = start; i < stop; ++i)
       for (size_t k = 0; k < chans[i].size(); ++k) add_transfer(ls, chans[i][k], bytes[i][k], true);
-    total += drain_cost(ls);
+    // Every later group pays at least its start latency.
+    // The event model stops once this group's share of `limit` is spent; then the sum below
+    // reaches `limit` too.
+    const double rest = latency_s_ * static_cast<double>(groups - g - 1);
+    total += drain_cost(ls, limit - total - rest);
+    if (total + rest >= limit) return std::numeric_limits<double>::infinity();
   }
   return total;
 }
@@ -480,11 +516,17 @@ std::vector<Phase> Scheduler::plan(const std::vector<int64_t>& demand) const {
 }
 
 // Full rate of each pair running alone: the narrowest link on its path (capped by the per-pair rate).
-std::vector<double> Scheduler::pair_rates() const {
-  std::vector<double> rate(pair_links_.size(), rate_Bps_);
-  for (size_t p = 0; p < pair_links_.size(); ++p)
-    for (int l : pair_links_[p]) rate[p] = std::min(rate[p], link_bw_[l]);
-  return rate;
+void Scheduler::index_links() {
+  pl_off_.assign(pair_links_.size() + 1, 0);
+  pl_.clear();
+  pair_rate_.assign(pair_links_.size(), rate_Bps_);
+  for (size_t p = 0; p < pair_links_.size(); ++p) {
+    for (int l : pair_links_[p]) {
+      pl_.push_back(l);
+      pair_rate_[p] = std::min(pair_rate_[p], link_bw_[l]);
+    }
+    pl_off_[p + 1] = static_cast<int>(pl_.size());
+  }
 }
 
 // Link-greedy decomposition: each phase is built directly from the link model, at most one
@@ -498,7 +540,7 @@ std::vector<double> Scheduler::pair_rates() const {
 // set of pairs with disjoint links is contention-free.
 std::vector<std::vector<int>> Scheduler::link_greedy(const std::vector<int64_t>& demand, int64_t quantum,
                                                      std::vector<std::vector<int64_t>>* bytes) const {
-  const std::vector<double> rate = pair_rates();
+  const std::vector<double>& rate = pair_rate_;
   std::vector<int64_t> left(demand.size(), 0);
   std::vector<double> link_left(link_bw_.size(), 0.0);  // bytes still to cross each link
   std::vector<int> active;
@@ -508,7 +550,7 @@ std::vector<std::vector<int>> Scheduler::link_greedy(const std::vector<int64_t>&
     left[p] = demand[p];
     top = std::max(top, demand[p]);
     active.push_back(static_cast<int>(p));
-    for (int l : pair_links_[p]) link_left[l] += static_cast<double>(demand[p]);
+    for (int l : links_of(p)) link_left[l] += static_cast<double>(demand[p]);
   }
   std::vector<int> busy(link_bw_.size(), -1);  // phase index that holds the link
   std::vector<std::pair<double, int>> order;
@@ -523,7 +565,7 @@ std::vector<std::vector<int>> Scheduler::link_greedy(const std::vector<int64_t>&
       order.clear();
       for (int p : active) {
         double u = 0.0;
-        for (int l : pair_links_[p]) {
+        for (int l : links_of(p)) {
           const double x = link_left[l] / link_bw_[l];
           u += x * x;
         }
@@ -548,14 +590,14 @@ std::vector<std::vector<int>> Scheduler::link_greedy(const std::vector<int64_t>&
       const int p = entry.second;
       if (left[p] == 0) continue;
       bool free = true;
-      for (int l : pair_links_[p]) free = free && busy[l] != phase;
+      for (int l : links_of(p)) free = free && busy[l] != phase;
       if (!free) continue;
       // A remainder within kWholeSlack of the span goes whole: a sliver would cost a phase later.
       const double fit = span * rate[p];
       const int64_t take = static_cast<double>(left[p]) <= kWholeSlack * fit
                                ? left[p]
                                : std::max<int64_t>(1, static_cast<int64_t>(fit));
-      for (int l : pair_links_[p]) {
+      for (int l : links_of(p)) {
         busy[l] = phase;
         link_left[l] -= static_cast<double>(take);
       }
@@ -574,9 +616,11 @@ std::vector<std::vector<int>> Scheduler::link_greedy(const std::vector<int64_t>&
 // drain its flows if they left smallest first (each step at bandwidth * eta(flows still on the
 // link)), which no sharing can beat.  Exact when no link carries two flows (and no source
 // queues): then every flow runs alone.  *exact reports whether every group was exact.
-double Scheduler::merged_bound(const Decomposition& dec, int merge, LinkScratch* ls, bool* exact) const {
+double Scheduler::merged_bound(const Decomposition& dec, int merge, LinkScratch* ls, bool* exact,
+                               uint64_t* signature) const {
   double total = 0.0;
   *exact = true;
+  uint64_t sig = 0;
   const bool sharing_costs = model_.eta_beta > 0.0 || model_.copy_engines > 0;
   for (size_t start = 0; start < dec.pairs.size(); start += merge) {
     const size_t stop = std::min(dec.pairs.size(), start + static_cast<size_t>(merge));
@@ -585,10 +629,19 @@ double Scheduler::merged_bound(const Decomposition& dec, int merge, LinkScratch*
     double worst = 0.0;
     bool shared = false;
     for (int l : ls->touched) shared = shared || ls->flows[l] > 1;
+    // Signature of the fused phases as the cost model sees them: the flows and their bytes,
+    // in order when copy-engine queues make the order matter.
+    uint64_t group = 0;
+    for (size_t f = 0; f < ls->flow_pair.size(); ++f) {
+      const uint64_t h = mix64((static_cast<uint64_t>(ls->flow_pair[f]) << 40) ^
+                               static_cast<uint64_t>(ls->flow_bytes[f]));
+      group = model_.copy_engines > 0 ? mix64(group ^ h) : group + h;
+    }
+    sig = mix64(sig ^ group);
     if (shared && model_.eta_beta > 0.0) {
       // Gather each shared link's flow sizes to charge eta for the flows still present.
       for (size_t f = 0; f < ls->flow_pair.size(); ++f)
-        for (int l : pair_links_[ls->flow_pair[f]])
+        for (int l : links_of(ls->flow_pair[f]))
           if (ls->flows[l] > 1) ls->sizes_on[l].push_back(ls->flow_bytes[f]);
     }
     for (int l : ls->touched) {
@@ -610,6 +663,7 @@ double Scheduler::merged_bound(const Decomposition& dec, int merge, LinkScratch*
     reset_scratch(ls);
     total += latency_s_ + worst;
   }
+  if (signature) *signature = sig;
   return total;
 }
 
@@ -703,7 +757,7 @@ double Scheduler::plan_floor(const std::vector<int64_t>& demand, double bound_s)
   std::vector<double> load(link_bw_.size(), 0.0);
   for (size_t p = 0; p < demand.size(); ++p)
     if (static_cast<int>(p) / n_ != static_cast<int>(p) % n_ && demand[p] > 0)
-      for (int l : pair_links_[p]) load[l] += static_cast<double>(demand[p]);
+      for (int l : links_of(p)) load[l] += static_cast<double>(demand[p]);
   int hot = 0;
   for (size_t l = 1; l < load.size(); ++l)
     if (load[l] / link_bw_[l] > load[hot] / link_bw_[hot]) hot = static_cast<int>(l);
@@ -711,7 +765,7 @@ double Scheduler::plan_floor(const std::vector<int64_t>& demand, double bound_s)
   double biggest = 0.0;
   for (size_t p = 0; p < demand.size(); ++p) {
     if (static_cast<int>(p) / n_ == static_cast<int>(p) % n_ || demand[p] <= 0) continue;
-    for (int l : pair_links_[p])
+    for (int l : links_of(p))
       if (l == hot) {
         ++pairs;
         biggest = std::max(biggest, static_cast<double>(demand[p]));
@@ -779,7 +833,7 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
       decs.push_back(link_decomposition(demand, q, top));
       const Decomposition& dec = decs.back();
       bool exact = true;
-      const double cost = merged_bound(dec, 1, &ls, &exact);
+      const double cost = merged_bound(dec, 1, &ls, &exact, nullptr);
       if (exact && cost <= (1.0 + kGoodEnough) * floor_s) {
         if (info)
           *info = PlanInfo{cost, static_cast<int>(dec.pairs.size()), 1, static_cast<double>(dec.quantum), 0,
@@ -788,6 +842,16 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
       }
       if (exact) best_exact = std::min(best_exact, cost);
     }
+  // Without eta derating or copy-engine queues the cost model charges a phase its start latency
+  // plus its busiest link's time, so the whole demand in one phase costs exactly the plan floor
+  // and no other candidate can beat it: the first link-greedy decomposition fused into one.
+  if (!decs.empty() && model_.eta_beta <= 0.0 && model_.copy_engines == 0) {
+    const Decomposition& dec = decs.front();
+    const int all = static_cast<int>(dec.pairs.size());
+    if (info)
+      *info = PlanInfo{floor_s, all, all, static_cast<double>(dec.quantum), 0, dec.family, 1, 0};
+    return materialize(dec.pairs, dec.bytes, all);
+  }
   const bool catalog_may_pay = best_exact > (1.0 + kCatalogGain) * floor_s;
   other_decompositions(demand, weight, top, catalog_may_pay, &decs);
   // Every (decomposition, merge factor 1, 2, 4, ..., all) is a candidate.  Their lower bounds
@@ -797,11 +861,16 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
     double bound;
     int dec, merge;
     bool exact;
+    bool reference;  // the peer-round or direct plan itself (see below)
     bool operator<(const Candidate& o) const {
       return bound != o.bound ? bound < o.bound : dec != o.dec ? dec < o.dec : merge < o.merge;
     }
   };
   std::vector<Candidate> cands;
+  // Candidates whose fused phases are identical (the same decomposition from two passes; every
+  // decomposition fused into one phase when the order does not matter) are costed once: the
+  // first one generated, which is also first among equal bounds.
+  std::vector<uint64_t> seen;
   for (size_t d = 0; d < decs.size(); ++d) {
     const int count = static_cast<int>(decs[d].pairs.size());
     for (int merge = 1;; merge *= 2) {
@@ -809,9 +878,29 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
       const bool skip_to_all = n_ > kMaxSimulatedRanks && merge > kMaxMergeManyRanks;
       const int m = skip_to_all ? count : std::min(merge, count);
       bool exact = true;
-      const double bound = merged_bound(decs[d], m, &ls, &exact);
-      cands.push_back({bound, static_cast<int>(d), m, exact});
+      uint64_t sig = 0;
+      const double bound = merged_bound(decs[d], m, &ls, &exact, &sig);
+      const bool reference = m == 1 && (decs[d].family == kPeerRounds || decs[d].family == kDirect);
+      const size_t twin = static_cast<size_t>(std::find(seen.begin(), seen.end(), sig) - seen.begin());
+      if (twin < seen.size()) {
+        // Keep one copy; it is a reference if either is, and simulated if either may be.
+        Candidate& kept = cands[twin];
+        kept.reference = kept.reference || reference;
+        if (!affordable(decs[kept.dec], kept.merge) && affordable(decs[d], m)) {
+          kept.dec = static_cast<int>(d);
+          kept.merge = m;
+        }
+        if (m == 1) break;  // the whole decomposition repeats an earlier one
+      } else {
+        seen.push_back(sig);
+        cands.push_back({bound, static_cast<int>(d), m, exact, reference});
+      }
       if (m >= count || !worth_fusing(count, bound)) break;
+      // With copy-engine queues (no eta) on one host (<= 16 ranks) fused runs of a few phases
+      // never won in the benchmark: the choice is between the unfused plan and one phase in that
+      // order.  (With several hosts they do win.)
+      if (model_.copy_engines > 0 && model_.eta_beta <= 0.0 && n_ <= kCatalogMaxRanks)
+        merge = std::max(merge, count / 2 + 1);
     }
   }
   std::sort(cands.begin(), cands.end());
@@ -827,11 +916,9 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
     const bool by_bound = c.exact || n_ > kMaxSimulatedRanks;
     // The baselines' own plans (peer rounds, direct) are always costed, outside the budget, so
     // the choice never trails them by more than the event model's error.
-    const int family = decs[c.dec].family;
-    const bool reference = c.merge == 1 && (family == kPeerRounds || family == kDirect);
-    if (!by_bound && ((simulated >= kMaxSimulated && !reference) || !affordable(decs[c.dec], c.merge))) continue;
+    if (!by_bound && ((simulated >= kMaxSimulated && !c.reference) || !affordable(decs[c.dec], c.merge))) continue;
     simulated += by_bound ? 0 : 1;
-    const double cost = by_bound ? c.bound : merged_cost(decs[c.dec].pairs, decs[c.dec].bytes, c.merge, &ls, nullptr, nullptr);
+    const double cost = by_bound ? c.bound : merged_cost(decs[c.dec].pairs, decs[c.dec].bytes, c.merge, &ls, best_cost);
     if (cost < best_cost * (1.0 - 1e-12)) {
       best_cost = cost;
       best = &c;

@@ -76,12 +76,12 @@ class Scheduler {
                                           std::vector<std::vector<int64_t>>* bytes) const;
   struct LinkScratch;
   void add_transfer(LinkScratch* ls, int pair, int64_t bytes, bool new_flow) const;
-  double drain_cost(LinkScratch* ls) const;
-  double event_time(LinkScratch* ls) const;
+  double drain_cost(LinkScratch* ls, double limit) const;
+  double event_time(LinkScratch* ls, double limit) const;
   void max_min_rates(LinkScratch* ls) const;
   double eta(int k) const;
   double merged_cost(const std::vector<std::vector<int>>& chans, const std::vector<std::vector<int64_t>>& bytes,
-                     int merge, LinkScratch* ls, std::vector<int>* seen, int* stamp) const;
+                     int merge, LinkScratch* ls, double limit) const;
   double phase_cost(const Phase& phase) const;
   double phase_span(const std::vector<int>& chan, const std::vector<int64_t>& left, const std::vector<int64_t>& cap,
                     const std::vector<double>& rate, const std::vector<double>& weight) const;
@@ -101,12 +101,19 @@ class Scheduler {
                             bool with_catalog, std::vector<Decomposition>* out) const;
   Decomposition peer_decomposition(const std::vector<int64_t>& demand) const;
   Decomposition direct_decomposition(const std::vector<int64_t>& demand) const;
-  double merged_bound(const Decomposition& dec, int merge, LinkScratch* ls, bool* exact) const;
+  double merged_bound(const Decomposition& dec, int merge, LinkScratch* ls, bool* exact, uint64_t* signature) const;
   void reset_scratch(LinkScratch* ls) const;
   bool worth_fusing(int phases, double unfused_bound) const;
   bool affordable(const Decomposition& dec, int merge) const;
   double plan_floor(const std::vector<int64_t>& demand, double bound_s) const;
-  std::vector<double> pair_rates() const;
+  void index_links();
+  struct LinkSpan {
+    const int* b;
+    const int* e;
+    const int* begin() const { return b; }
+    const int* end() const { return e; }
+  };
+  LinkSpan links_of(int p) const { return {pl_.data() + pl_off_[p], pl_.data() + pl_off_[p + 1]}; }
   std::vector<Phase> peer_rounds(const std::vector<int64_t>& demand) const;
   std::vector<Phase> materialize(const std::vector<std::vector<int>>& chans,
                                  const std::vector<std::vector<int64_t>>& bytes, int merge) const;
@@ -118,6 +125,8 @@ class Scheduler {
   std::vector<std::vector<int>> pair_chans_;   // pair id -> channels containing it
   std::vector<double> link_bw_;                // directed link capacities
   std::vector<std::vector<int>> pair_links_;   // pair id -> link indices
+  std::vector<int> pl_off_, pl_;               // the same, flattened (pair p: pl_[pl_off_[p]..pl_off_[p+1]))
+  std::vector<double> pair_rate_;              // full rate of each pair running alone
   CostModel model_;
   int candidates_ = kCatalogChannels | kLinkGreedy | kPeerRounds | kDirect;
   std::vector<double> eta_table_;  // eta(k) for small k under model_
