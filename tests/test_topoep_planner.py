@@ -81,6 +81,25 @@ def test_custom_placement():
     check_contract(p, counts, 2, 2, 1, placement)
 
 
+@pytest.mark.parametrize("hosts,gpus,e,slots", [(2, 2, 8, 1), (2, 4, 32, 2), (4, 2, 16, 3)])
+def test_custom_placement_is_a_relabelling(hosts, gpus, e, slots):
+    """The planner relabels experts so that each GPU's home experts are contiguous: a
+    custom placement must plan exactly like the default one on relabelled counts."""
+    gen = torch.Generator().manual_seed(hosts * 100 + e + slots)
+    r = hosts * gpus
+    placement = (torch.arange(e) // (e // r))[torch.randperm(e, generator=gen)]
+    sigma = torch.sort(placement, stable=True).indices  # internal expert i = real sigma[i]
+    for kind in ("uniform", "hot", "sparse"):
+        counts = random_counts(gen, r, e, kind)
+        p = topoep.plan(counts, hosts, gpus, slots, placement=placement)
+        check_contract(p, counts, hosts, gpus, slots, placement)
+        q = topoep.plan(counts[:, sigma], hosts, gpus, slots)
+        assert torch.equal(p.load, q.load)
+        assert torch.equal(p.slot_expert, torch.where(q.slot_expert >= 0,
+                                                      sigma[q.slot_expert.clamp(min=0)], -1))
+        assert torch.equal(p.tokens[:, sigma], q.tokens)
+
+
 class NoHostSync(TorchDispatchMode):
     """Raises on any op that reads device data on the host or has data-dependent shape."""
 

@@ -19,9 +19,13 @@ one with the lowest resulting max GPU load wins, ties to the first):
 4. Token split: for every expert, tokens of each source rank go to copies on the same host
    first (north-west-corner cut inside the host), and only the remainder crosses hosts.
 
-Cost: planning runs ~270 small ATen ops (slots >= 2, more than 16 GPUs), so on a CPU it is
-bound by per-op dispatch; everything that depends only on shapes and placement is built once
-per device. The greedy adds ~20 ops per GPU where it runs.
+Cost: on a CPU planning is bound by per-op dispatch (a few us per ATen op), so: everything
+that depends only on shapes and placement is built once per device; experts are relabelled
+internally so that each GPU's home experts are contiguous (group sums are views); in-group
+orders and the receivers' cumulative capacities come from pairwise comparisons of unique
+keys instead of sorts; the ``slots`` largest overlaps per receiver come from max reductions
+instead of topk; the large token-split tensors are written in place. ~200 ATen ops per plan
+(slots >= 2, more than 16 GPUs); the greedy adds ~20 ops per GPU where it runs.
 """
 from __future__ import annotations
 
@@ -46,6 +50,9 @@ _GREEDY_MAX_GPUS = 16
 _GREEDY_TARGETS = ((1, 1), (1001, 1000), (401, 400), (201, 200), (129, 128), (101, 100),
                    (81, 80), (65, 64), (51, 50), (41, 40), (33, 32), (26, 25), (17, 16), (9, 8))
 _BIG = 1 << 62
+_BIG32 = 1 << 40  # above any token count (< 2**31)
+# in-group prefix sums: pairwise comparisons up to this group size, a sort above
+_PAIRWISE_MAX = 128
 
 
 class TopoEPPlan:
@@ -57,24 +64,42 @@ class TopoEPPlan:
                  Built on first access from the compact form (``flow`` int32 [R, C]: tokens of each
                  source for each expert copy; ``copy_index`` [C] = e * R + g of each copy),
                  so planning itself never writes the R*E*R dense tensor.
-    expert_gpu:  LongTensor [E, R], tokens of expert e processed on GPU g (= tokens.sum(0)).
+    copy_tokens: int32 [C], tokens each copy processes (summed over sources).
+    expert_gpu:  LongTensor [E, R], tokens of expert e processed on GPU g (= tokens.sum(0)),
+                 built on first access from ``copy_index`` / ``copy_tokens``.
     load:        LongTensor [R], tokens processed per GPU after rerouting.
     home_load:   LongTensor [R], tokens per GPU without balancing.
     candidate:   LongTensor [] index of the winning candidate (diagnostic).
     """
 
-    def __init__(self, slot_expert, slot_tokens, expert_gpu, load, home_load, candidate,
-                 hosts: int, gpus_per_host: int, flow=None, copy_index=None, tokens=None):
+    def __init__(self, slot_expert, slot_tokens, load, home_load, candidate, hosts: int,
+                 gpus_per_host: int, expert_gpu=None, flow=None, copy_index=None,
+                 copy_tokens=None, tokens=None):
         self.slot_expert, self.slot_tokens = slot_expert, slot_tokens
-        self.expert_gpu, self.load, self.home_load = expert_gpu, load, home_load
+        self.load, self.home_load, self._expert_gpu = load, home_load, expert_gpu
         self.candidate, self.hosts, self.gpus_per_host = candidate, hosts, gpus_per_host
-        self.flow, self.copy_index, self._tokens = flow, copy_index, tokens
+        self.flow, self.copy_index, self.copy_tokens = flow, copy_index, copy_tokens
+        self._tokens = tokens
+
+    def _num_experts(self) -> int:
+        # copies: E home copies, then R * S slots
+        return self.copy_index.shape[0] - self.slot_expert.numel()
+
+    @property
+    def expert_gpu(self) -> torch.Tensor:
+        """[E, R] tokens of expert e processed on GPU g, built on first access."""
+        if self._expert_gpu is None:
+            e, r = self._num_experts(), self.load.shape[0]
+            self._expert_gpu = torch.zeros(e * r, dtype=torch.long, device=self.flow.device
+                                           ).scatter_add_(0, self.copy_index,
+                                                          self.copy_tokens.long()).view(e, r)
+        return self._expert_gpu
 
     @property
     def tokens(self) -> torch.Tensor:
         if self._tokens is None:
             r = self.flow.shape[0]
-            e = self.expert_gpu.shape[0]
+            e = self._num_experts()
             t = torch.zeros((r, e * r), dtype=torch.long, device=self.flow.device)
             t.scatter_add_(1, self.copy_index.expand(r, -1), self.flow.long())
             self._tokens = t.view(r, e, r)
@@ -84,7 +109,7 @@ class TopoEPPlan:
         """tokens[r] ([E, R]) without building the dense tensor."""
         if self._tokens is not None:
             return self._tokens[r]
-        e, g = self.expert_gpu.shape
+        e, g = self._num_experts(), self.load.shape[0]
         return torch.zeros(e * g, dtype=torch.long, device=self.flow.device).scatter_add_(
             0, self.copy_index, self.flow[r].long()).view(e, g)
 
@@ -92,7 +117,7 @@ class TopoEPPlan:
         """tokens[:, :, g] ([R, E]) without building the dense tensor."""
         if self._tokens is not None:
             return self._tokens[:, :, g]
-        e, r = self.expert_gpu.shape
+        e, r = self._num_experts(), self.load.shape[0]
         here = (self.copy_index % r == g).to(self.flow.dtype)
         return torch.zeros((r, e), dtype=torch.long, device=self.flow.device).scatter_add_(
             1, (self.copy_index // r).expand(r, -1), self.flow.long() * here)
@@ -152,74 +177,41 @@ def default_placement(num_experts: int, ranks: int, device=None) -> torch.Tensor
 # --------------------------------------------------------------------------- building blocks
 
 
-def _sort_desc(x: torch.Tensor):
-    return torch.sort(x, dim=-1, descending=True, stable=True)
+def _cut_slots(ps: torch.Tensor, spare: torch.Tensor, slots: int, at_home: torch.Tensor,
+               homes_last: torch.Tensor, k):
+    """Cumulative cut of pieces [B, P] (fixed order) over receivers [B, N] (GPU order, cut in
+    spare-desc order, ties to the lower GPU); each receiver keeps its ``slots`` largest overlaps
+    (ties: earlier piece); overlaps with the piece's own home GPU (``at_home`` [B, N, P]) stay
+    at home. Returns the key of each kept overlap [B, N, slots] (amount * P + P - 1 - piece).
 
+    Rows with ``homes_last`` ([B, 1]): receivers that are home to a piece come after all
+    others, in piece order, so each such piece's remainder lands on its home (a chain: the home
+    GPU gave its expert away and takes a piece of the next one in its slot).
 
-def _group_before(values: torch.Tensor, order: torch.Tensor, ngroups: int) -> torch.Tensor:
-    """For items [B, P] whose order ``order`` ([P], shared) lists each group's items
-    contiguously (groups of equal size, by load desc inside a group), the sum of the values of
-    the items of the same group that precede each item."""
-    b, p = values.shape
-    vals = values.index_select(1, order).view(b, ngroups, p // ngroups)
-    before = (vals.cumsum(2) - vals).view(b, p)
-    return torch.empty_like(before).index_copy_(1, order, before)
-
-
-def _cut(pieces: torch.Tensor, cap: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
-    """Cumulative cut: pieces [B, P] laid out in ``order`` ([P], shared) against capacities
-    [B, N] (desc) -> [B, P, N] amounts."""
-    ps = pieces.index_select(1, order)
-    cs, co = _sort_desc(cap)
+    No sort: receivers' cumulative capacities come from a pairwise [B, N, N] comparison of
+    unique keys, and the ``slots`` largest overlaps from ``slots`` max reductions (topk is
+    ~10x slower on these shapes on a CPU)."""
+    p = ps.shape[1]
+    # position of the first (non-empty) piece homed on each receiver, p = none
+    # (amax: amin of int64 is several times slower on a CPU)
+    first = p - ((at_home & (ps > 0)[:, None, :]) * k.rev_p1).amax(2)  # [B, N]
+    # receiver order: ascending key, ties to the lower GPU (key * N + GPU is unique)
+    rk = torch.where(homes_last & (first < p), first + _BIG32, -spare) * k.n_recv + k.ar_n
+    ar = ((rk[:, None, :] <= rk[:, :, None]) * spare[:, None, :]).sum(2)  # inclusive cumsum
     ap = ps.cumsum(1)
-    ar = cs.cumsum(1)
-    lo = torch.maximum((ap - ps)[:, :, None], (ar - cs)[:, None, :])
-    hi = torch.minimum(ap[:, :, None], ar[:, None, :])
-    ov = (hi - lo).clamp(min=0)
-    out = torch.empty_like(ov).index_copy_(1, order, ov)
-    return torch.empty_like(out).scatter_(2, co[:, None, :].expand_as(out), out)
-
-
-def _cut_slots(ps: torch.Tensor, spare: torch.Tensor, slots: int, home_local: torch.Tensor,
-               homes_last: torch.Tensor, rev: torch.Tensor):
-    """Cumulative cut of pieces [B, P] (fixed order) over receivers [B, N] (spare desc); each
-    receiver keeps its ``slots`` largest overlaps (ties: earlier piece); overlaps with the
-    piece's own home GPU (``home_local`` [B, P], -1 = other host) stay at home. Returns
-    (piece position [B, N, slots], -1 = none; amount [B, N, slots]).
-
-    Rows with ``homes_last``: receivers that are home to a piece come after all others, in
-    piece order, so each such piece's remainder lands on its home (a chain: the home GPU gave
-    its expert away and takes a piece of the next one in its slot)."""
-    b, p = ps.shape
-    n = spare.shape[1]
-    dev = ps.device
-    # rev = p - 1 - position; the first piece of each home GPU has the largest rev
-    first = torch.zeros((b, n + 1), dtype=torch.long, device=dev).scatter_reduce_(
-        1, torch.where(home_local >= 0, home_local, n), (rev + 1) * (ps > 0),
-        reduce="amax", include_self=True)[:, :n]
-    first = p - first  # position of the first piece homed there, p = none
-    rkey = torch.where(homes_last[:, None] & (first < p), _BIG // 2 + first, -spare)
-    _, so = torch.sort(rkey, dim=1, stable=True)
-    ss = spare.gather(1, so)
-    ap = ps.cumsum(1)
-    ar = ss.cumsum(1)
-    lo = torch.maximum((ap - ps)[:, :, None], (ar - ss)[:, None, :])
-    hi = torch.minimum(ap[:, :, None], ar[:, None, :])
-    ov = (hi - lo).clamp(min=0)  # [B, P, N]
+    lo = torch.maximum((ar - spare)[:, :, None], (ap - ps)[:, None, :])
+    ov = (torch.minimum(ar[:, :, None], ap[:, None, :]) - lo).clamp_(min=0)  # [B, N, P]
     # a piece landing on its expert's home GPU needs no slot: it stays unassigned (= home)
-    ov = torch.where(home_local[:, :, None] == so[:, None, :], 0, ov)
-    key = ov * p + rev[None, :, None]
-    if p < slots:  # fewer pieces than slots: pad with empty (zero-amount) pieces
-        key = torch.cat([key, key.new_zeros((b, slots - p, n))], 1)
-    kv, _ = torch.topk(key, slots, dim=1)  # [B, slots, N]; keys are unique
-    amt = kv // p
-    pos = torch.where(amt > 0, p - 1 - kv % p, -1)
-    pos = pos.transpose(1, 2)
-    amt = amt.transpose(1, 2)
-    dst = so[:, :, None].expand(b, n, slots)
-    out_p = pos.new_empty((b, n, slots)).scatter_(1, dst, pos)  # contiguous, GPU order
-    out_a = amt.new_empty((b, n, slots)).scatter_(1, dst, amt)
-    return out_p, out_a
+    key = ov.mul_(torch.where(at_home, 0, p)).add_(k.rev_p)  # unique per receiver
+    if slots == 1:
+        return key.amax(2, keepdim=True)
+    out = []  # (fewer pieces than slots: the extra maxima are 0 = empty)
+    for i in range(slots):
+        kv = key.amax(2, keepdim=True)
+        out.append(kv)
+        if i + 1 < slots:
+            key = key * (key < kv)  # drop the kept overlap (keys are unique and >= 0)
+    return torch.cat(out, 2)
 
 
 # --------------------------------------------------------------------------- planner
@@ -248,7 +240,8 @@ class TopoEPPlanner:
         r = hosts * gpus_per_host
         if num_experts < 1:
             raise ValueError(f"topoep: num_experts must be >= 1, got {num_experts}")
-        if placement is None:
+        default = placement is None
+        if default:
             placement = default_placement(num_experts, r)
         else:
             if not isinstance(placement, torch.Tensor) or placement.dtype != torch.long:
@@ -268,6 +261,13 @@ class TopoEPPlanner:
         self.E, self.H, self.G, self.S, self.R = num_experts, hosts, gpus_per_host, slots_per_gpu, r
         self.placement = placement.detach().cpu().clone()
         self.min_piece = int(min_piece)
+        # internal expert labels: each GPU's home experts contiguous (perm[i] = real id of
+        # internal expert i; None for the default placement, where they already are)
+        self._perm = None
+        if not default:  # (CPU checks at construction; the default placement needs none)
+            perm = torch.sort(self.placement, stable=True).indices
+            if not torch.equal(perm, torch.arange(num_experts)):
+                self._perm = perm
         self._dev_cache: dict = {}
 
     def _consts(self, device):
@@ -278,54 +278,44 @@ class TopoEPPlanner:
             self._dev_cache[key] = self._build_consts(device)
         return self._dev_cache[key]
 
+    def _greedy_runs(self) -> bool:
+        return self.S == 1 or self.R <= _GREEDY_MAX_GPUS
+
     def _build_consts(self, device):
         E, H, G, S, R = self.E, self.H, self.G, self.S, self.R
-        num = torch.tensor([n for n, _ in _TARGETS])
-        den = torch.tensor([d for _, d in _TARGETS])
+        m = E // R
         V = 2 * len(_TARGETS)  # each target without and with whole-expert donors
-        home = self.placement
-        k = SimpleNamespace(V=V, K=min(E, G * (S + 1)))
-        k.t_add = R * den - 1  # T = (total * num + R * den - 1) // (R * den)
-        k.t_div = R * den
-        k.t_num = num
-        gnum = torch.tensor([n for n, _ in _GREEDY_TARGETS])
-        gden = torch.tensor([d for _, d in _GREEDY_TARGETS])
-        k.g_add, k.g_div, k.g_num = R * gden - 1, R * gden, gnum
+        K = min(E, G * (S + 1))
+        k = SimpleNamespace(V=V, K=K, n=len(_TARGETS), n_recv=G)
+        k.perm = self._perm
+        # targets T = (total * num + R * den - 1) // (R * den): the cut targets, then the
+        # greedy's (where it runs)
+        fr = list(_TARGETS) + (list(_GREEDY_TARGETS) if self._greedy_runs() else [])
+        num = torch.tensor([a for a, _ in fr])
+        den = torch.tensor([b for _, b in fr])
+        k.t_add, k.t_div, k.t_num = R * den - 1, R * den, num
         k.whole = torch.tensor([False, True])[:, None, None]  # [mode, target, expert]
         k.none_expert = torch.full((1, R, S), -1)  # the "no replication" candidate
         k.none_tokens = torch.zeros((1, R, S), dtype=torch.long)
-        k.home = home
-        k.home_host = home // G
-        k.home_v = home.expand(V, E)
-        k.home_t = home.expand(len(_TARGETS), E)
-        k.rev_e = E - 1 - torch.arange(E)
-        # sort keys that list experts grouped by home GPU / home host (load desc inside via
-        # a stable sort of key - load): group * 2**32 leaves room for any load < 2**31
-        k.gpu_key = home << 32
-        k.host_key = (home // G) << 32
-        # host of each [V*H] row, and whether donors give whole experts
-        k.row_host = (torch.arange(V * H) % H)[:, None]
-        k.homes_last = k.whole.view(2, 1).expand(2, V // 2 * H).reshape(-1)
-        k.home_local = home % G
-        k.rev_k = k.K - 1 - torch.arange(k.K)
+        k.rev_e = E - 1 - torch.arange(E)  # unique load keys c * E + rev_e: ties to lower id
+        # own[h, e] = 1 where expert e lives on host h
+        k.own = ((torch.arange(E) // (m * G))[None, :] == torch.arange(H)[:, None]).long()
+        k.rev_h = H - 1 - torch.arange(H)
+        # slot cut, rows (mode, target, host) x receivers (GPUs of the host) x pieces
+        k.row_gpu = ((torch.arange(V * H) % H)[:, None] * G + torch.arange(G))[:, :, None]
+        k.homes_last = k.whole.view(2, 1).expand(2, V // 2 * H).reshape(-1, 1)
+        k.rev_p = K - 1 - torch.arange(K)
+        k.rev_p1 = k.rev_p + 1
+        k.ar_n = torch.arange(G)
         # token split: GPU and host of every copy (E home copies, then R*S slots) and the
         # (host, gpu) part of the copy sort key
-        gpu = torch.cat([home, torch.arange(R * S) // S])
+        gpu = torch.cat([torch.arange(E) // m, torch.arange(R * S) // S])
         k.copy_gpu_key = (gpu // G) * R + gpu
         k.copy_exp_home = torch.arange(E)
-        k.src_host = torch.arange(R) // G
         for name, v in vars(k).items():
             if isinstance(v, torch.Tensor):
                 setattr(k, name, v.to(device))
         return k
-
-    def _grouped(self, device):
-        """Experts grouped by home GPU: [R, E/R] expert ids (placement is balanced)."""
-        key = ("grouped", str(device))
-        if key not in self._dev_cache:
-            order = torch.sort(self.placement, stable=True).indices
-            self._dev_cache[key] = order.view(self.R, self.E // self.R).to(device)
-        return self._dev_cache[key]
 
     def check_counts(self, counts: torch.Tensor) -> None:
         if not isinstance(counts, torch.Tensor):
@@ -340,122 +330,154 @@ class TopoEPPlanner:
         self.check_counts(counts)
         with torch.inference_mode():  # integer work only: skip autograd bookkeeping per op
             p = self._plan(counts)
-        # hand out ordinary tensors (inference tensors cannot be saved for backward later)
-        for name in ("slot_expert", "slot_tokens", "expert_gpu", "load", "home_load",
-                     "candidate", "flow", "copy_index"):
+        # hand out ordinary tensors (inference tensors cannot be saved for backward later);
+        # the big flow tensor was written into an ordinary tensor already
+        for name in ("slot_expert", "slot_tokens", "load", "home_load", "candidate",
+                     "copy_index", "copy_tokens"):
             setattr(p, name, getattr(p, name).clone())
+        p.flow = p.flow.t()  # [R, C] view, taken outside inference mode
         return p
 
     def _plan(self, counts: torch.Tensor) -> TopoEPPlan:
         k = self._consts(counts.device)
+        E, H, G, S, R = self.E, self.H, self.G, self.S, self.R
+        m, n = E // R, k.n
+        if k.perm is not None:  # internal labels: each GPU's home experts contiguous
+            counts = counts.index_select(1, k.perm)
         c = counts.sum(0)  # [E]
         total = c.sum()
-        L = torch.zeros_like(c[:self.R]).index_add_(0, k.home, c)
-        t = (k.t_add + k.t_num * total) // k.t_div  # one per target
-        _, by_load = _sort_desc(c)  # experts by load desc, ties to the lower id
+        L = c.view(R, m).sum(1)  # home load per GPU
+        tt = (k.t_add + k.t_num * total) // k.t_div  # all targets
+        t = tt[:n]
+        u = c * E + k.rev_e  # unique: load desc, ties to the lower expert
         # stage 1 depends only on the target: done once per target, shared by both modes
-        rem, inc = self._across_hosts(k, c, L, t, by_load)
-        pieces, porder, spare = self._host_pieces(k, c, rem, inc, t)
+        if H > 1:
+            rem, inc = self._across_hosts(k, c, L, t, u)
+        else:
+            rem, inc = c[None], None
+        pieces, porder, spare = self._host_pieces(k, c, u, rem, inc, t)
         experts, tokens = self._place(k, pieces, porder, spare)
         experts, tokens = [k.none_expert, experts], [k.none_tokens, tokens]
-        if self.S == 1 or self.R <= _GREEDY_MAX_GPUS:
-            tg = (k.g_add + k.g_num * total) // k.g_div
-            ge, gt = _greedy(c, L, tg, self._grouped(counts.device), self.S, self.min_piece)
+        if self._greedy_runs():
+            ge, gt = _greedy(c, L, tt[n:], m, S, self.min_piece)
             experts.append(ge)
             tokens.append(gt)
         slot_expert, slot_tokens = torch.cat(experts), torch.cat(tokens)
-        best, load, moved = self._select(k, c, slot_expert, slot_tokens)
-        slot_expert = slot_expert.index_select(0, best)[0]
-        slot_tokens = slot_tokens.index_select(0, best)[0]
-        flow, flat, q = _split_tokens(counts, c - moved, k, slot_expert, slot_tokens,
-                                      self.H, self.G)
+        best, load, slot_expert, slot_tokens, moved = self._select(k, L, slot_expert,
+                                                                   slot_tokens)
+        flow, flat, amt = _split_tokens(counts, c - moved, k, slot_expert, slot_tokens, H, G)
+        if k.perm is not None:  # back to real expert ids
+            slot_expert = torch.where(slot_expert >= 0,
+                                      k.perm.index_select(0, slot_expert.view(-1).clamp(min=0)
+                                                          ).view(R, S), -1)
         return TopoEPPlan(slot_expert=slot_expert, slot_tokens=slot_tokens, flow=flow,
-                          copy_index=flat, expert_gpu=q, load=load, home_load=L,
-                          candidate=best[0], hosts=self.H, gpus_per_host=self.G)
+                          copy_index=flat, copy_tokens=amt, load=load, home_load=L,
+                          candidate=best[0], hosts=H, gpus_per_host=G)
 
-    def _across_hosts(self, k, c, L, T, by_load):
+    def _across_hosts(self, k, c, L, T, u):
         """Stage 1: hosts above G*T give their largest experts' tokens away; a cumulative cut
         hands the pieces to hosts with room. Per target T [n]: returns (home tokens left [n, E],
-        tokens each host receives [n, E, H])."""
+        tokens each host receives [n, H, E])."""
         E, H, G = self.E, self.H, self.G
-        cv = c.expand(T.shape[0], E)
-        if H == 1:
-            return cv, None
-        HL = L.view(H, G).sum(1)  # [H]
-        diff = HL - (T * G)[:, None]  # [n, H] host load minus host target
+        diff = L.view(H, G).sum(1) - (T * G)[:, None]  # [n, H] host load minus host target
         hx = diff.clamp(min=0)  # excess
-        order = torch.sort(k.host_key - c, stable=True).indices  # by host, load desc
-        before = _group_before(c[None, :], order, H)  # same for all candidates
-        off1 = torch.minimum(cv, (hx.index_select(1, k.home_host) - before).clamp(min=0))
-        inc = _cut(off1, hx - diff, by_load)  # hx - diff = room below the host target
-        return cv - off1, inc
+        before = _before(u, c[None], H)  # same for all targets
+        off1 = torch.minimum(c, (hx[:, :, None] - before.view(1, H, E // H)).clamp_(min=0)
+                             .view(-1, E))
+        cap = hx - diff  # room below the host target
+        # cumulative cut: pieces in load-desc order, hosts in room-desc order (ties to the
+        # lower host; the pairwise comparison of unique keys replaces a sort)
+        by_load = torch.sort(u, descending=True).indices
+        ap = torch.empty_like(off1).index_copy_(1, by_load, off1.index_select(1, by_load
+                                                                               ).cumsum(1))
+        ck = cap * H + k.rev_h
+        ar = ((ck[:, None, :] >= ck[:, :, None]) * cap[:, None, :]).sum(2)  # inclusive
+        lo = torch.maximum((ar - cap)[:, :, None], (ap - off1)[:, None, :])
+        inc = (torch.minimum(ar[:, :, None], ap[:, None, :]) - lo).clamp_(min=0)
+        return c - off1, inc
 
-    def _host_pieces(self, k, c, rem, inc, t):
+    def _host_pieces(self, k, c, u, rem, inc, t):
         """Stage 2 inputs: overloaded GPUs give their largest experts' tokens away; with what
-        the host received those are the host's pieces. Per target (rem [n, E], inc, t [n]) and
-        mode (V = 2n candidates): each host's K largest pieces [V*H, K] (desc, ties to the
+        the host received those are the host's pieces. Per target (rem [n or 1, E], inc, t [n])
+        and mode (V = 2n candidates): each host's K largest pieces [V*H, K] (desc, ties to the
         lower expert id), their experts, and GPU room [V*H, G]."""
-        n, V, E, H, G, R = t.shape[0], k.V, self.E, self.H, self.G, self.R
-        L1 = torch.zeros((n, R), dtype=torch.long, device=c.device).scatter_add_(
-            1, k.home_t, rem)
+        n, V, E, H, G, R = k.n, k.V, self.E, self.H, self.G, self.R
+        m = E // R
+        L1 = rem.view(-1, R, m).sum(2)  # [n or 1, R]
         gx = (L1 - t[:, None]).clamp(min=0)
-        order = torch.sort(k.gpu_key - c, stable=True).indices  # by GPU, load desc
-        need = gx.gather(1, k.home_t) - _group_before(rem, order, R)
+        need = (gx[:, :, None] - _before(u, rem, R).view(-1, R, m)).view(n, E)
         # [2, n, E]: donors give their excess / whole experts
         off2 = torch.where(k.whole, rem * (need > 0), torch.minimum(rem, need.clamp(min=0)))
-        off2 = off2.view(V, E)
-        L1 = L1.repeat(2, 1) - torch.zeros((V, R), dtype=torch.long, device=c.device
-                                           ).scatter_add_(1, k.home_v, off2)  # after giving
+        spare = (t.view(1, n, 1) - (L1 - off2.view(2, n, R, m).sum(3))).clamp(min=0)
         if inc is None:
-            pieces = torch.zeros((V, H, E), dtype=torch.long, device=c.device)
-        else:
-            pieces = inc.transpose(1, 2).repeat(2, 1, 1)  # [V, H, E]
-        pieces.scatter_add_(1, k.home_host.expand(V, 1, E), off2[:, None, :])
+            key = off2.view(V, E) * E + k.rev_e
+        else:  # [2, n, H, E]
+            key = (inc + off2.view(2, n, 1, E) * k.own).mul_(E).add_(k.rev_e)
         # a host has G * S slots, plus its G home GPUs where a whole-expert piece may return
-        kv, _ = torch.topk((pieces * E + k.rev_e).view(V * H, E), k.K, dim=1)  # unique keys
-        porder = E - 1 - kv % E  # [V*H, K] expert of each piece position
-        spare = (t.repeat(2)[:, None] - L1).clamp(min=0).view(V * H, G)
-        return kv // E, porder, spare
+        kv = torch.topk(key.view(V * H, E), k.K, dim=1).values  # unique keys
+        return kv // E, E - 1 - kv % E, spare.view(V * H, G)
 
     def _place(self, k, pieces, porder, spare):
         """Put the pieces into replica slots (one cumulative cut per host and candidate).
         Returns [V, R, S] experts / tokens. (Topping up GPUs that already hold an expert with
         its leftover never lowered the winning max load in our sweeps: not done.)"""
-        V, G, S, R = k.V, self.G, self.S, self.R
+        V, S, R, K = k.V, self.S, self.R, k.K
         if self.min_piece > 1:  # too small to be worth copying an expert's weights
             pieces = pieces * (pieces >= self.min_piece)
-        home_local = torch.where(k.home_host[porder] == k.row_host, k.home_local[porder], -1)
-        pos, amt = _cut_slots(pieces, spare, S, home_local, k.homes_last, k.rev_k)
-        flat_pos = pos.clamp(min=0).view(-1, G * S)
-        slot_e = torch.where(pos >= 0, porder.gather(1, flat_pos).view(pos.shape), -1)
+        at_home = (porder // (self.E // R))[:, None, :] == k.row_gpu  # [V*H, G, K]
+        key = _cut_slots(pieces, spare, S, at_home, k.homes_last, k)  # [V*H, G, S]
+        amt = key // K
+        e = porder.gather(1, (K - 1 - key % K).view(-1, self.G * S))
+        slot_e = torch.where(amt > 0, e.view(amt.shape), -1)
         return slot_e.view(V, R, S), amt.view(V, R, S)
 
-    def _select(self, k, c, slot_expert, slot_tokens):
+    def _select(self, k, L, slot_expert, slot_tokens):
         """Per-candidate GPU loads (home load minus what replicas took, plus replica work);
         the lowest max load wins, ties to the earliest candidate."""
         V, E, R, S = slot_expert.shape[0], self.E, self.R, self.S
-        moved = torch.zeros((V, E + 1), dtype=torch.long, device=c.device).scatter_add_(
-            1, (slot_expert % (E + 1)).view(V, R * S), slot_tokens.view(V, R * S))[:, :E]
-        load = torch.zeros((V, R), dtype=torch.long, device=c.device).scatter_add_(
-            1, k.home.expand(V, E), c - moved) + slot_tokens.sum(2)
-        best = torch.argmin(load.max(1).values, dim=0, keepdim=True)  # first min
-        return best, load.index_select(0, best)[0], moved.index_select(0, best)[0]
+        m = E // R
+        # home GPU of each slot's expert (R for an empty slot)
+        home = slot_expert.remainder(m * (R + 1)).div_(m, rounding_mode="floor")
+        took = torch.zeros((V, R + 1), dtype=torch.long, device=L.device).scatter_add_(
+            1, home.view(V, R * S), slot_tokens.view(V, R * S))[:, :R]
+        load = (L - took).add_(slot_tokens.sum(2))
+        best = torch.argmin(load.amax(1), dim=0, keepdim=True)  # first min
+        se, st = slot_expert.index_select(0, best)[0], slot_tokens.index_select(0, best)[0]
+        moved = torch.zeros(E + 1, dtype=torch.long, device=L.device).scatter_add_(
+            0, se.view(-1).remainder(E + 1), st.view(-1))[:E]
+        return best, load.index_select(0, best)[0], se, st, moved
 
 
-def _greedy(c: torch.Tensor, L: torch.Tensor, T: torch.Tensor, grouped: torch.Tensor,
-            slots: int, min_piece: int = 1):
+def _before(u: torch.Tensor, vals: torch.Tensor, ngroups: int) -> torch.Tensor:
+    """Items [E] in ``ngroups`` contiguous equal groups, ordered inside a group by the unique
+    keys ``u`` [E] (desc). For values [B, E]: the sum of the values of the items of the same
+    group that come earlier. Pairwise on small groups (no sort), else a per-group sort."""
+    b, e = vals.shape
+    gs = e // ngroups
+    if gs <= _PAIRWISE_MAX:
+        ug = u.view(ngroups, 1, gs)
+        earlier = ug > ug.transpose(1, 2)  # [group, i, j]: j comes before i
+        return (earlier * vals.view(b, ngroups, 1, gs)).sum(3).view(b, e)
+    order = torch.sort(u.view(ngroups, gs), dim=1, descending=True).indices.expand(b, -1, -1)
+    sv = vals.view(b, ngroups, gs).gather(2, order)
+    return torch.empty_like(sv).scatter_(2, order, sv.cumsum(2) - sv).view(b, e)
+
+
+def _greedy(c: torch.Tensor, L: torch.Tensor, T: torch.Tensor, m: int, slots: int,
+            min_piece: int = 1):
     """Sequential greedy, batched over targets T [B]: R steps, each moves tokens of the most
     loaded GPU's largest remaining home expert into a free slot of the GPU with the most room
     below T (the whole expert if it fits, so a donor may drop below T and take a later piece in
     its own slot: chains). With more than one slot per GPU, R steps fill at most R slots.
+    Experts are contiguous by home GPU (``m`` per GPU).
 
     The cut candidates often strand a donor's remainder with no free slot that fits (almost
     always so with one slot per GPU); this greedy reaches the optimum on most such inputs, and a
     target a little above the mean often leaves the room that the last pieces need. Returns
     (expert [B, R, slots], tokens [B, R, slots]) (-1 / 0 = empty slot)."""
-    R, m = grouped.shape
+    R = L.shape[0]
     B = T.shape[0]
-    rem = c.index_select(0, grouped.view(-1)).expand(B, R * m).clone()  # home tokens left
+    rem = c.expand(B, R * m).clone()  # home tokens left
     room = T[:, None] - L  # [B, R] below the target; the most loaded GPU has the least
     used = torch.zeros_like(room)  # slots filled per GPU
     steps = []
@@ -479,7 +501,7 @@ def _greedy(c: torch.Tensor, L: torch.Tensor, T: torch.Tensor, grouped: torch.Te
         steps.append(torch.stack([dst, x, amt]))
     dst, x, amt = torch.cat(steps, 2)  # [B, R] each
     expert = torch.full((B, R * slots + 1), -1, dtype=torch.long, device=c.device).scatter_(
-        1, dst, grouped.view(-1)[x])
+        1, dst, x)
     tokens = torch.zeros((B, R * slots + 1), dtype=torch.long, device=c.device).scatter_(
         1, dst, amt)
     return expert[:, :-1].view(B, R, slots), tokens[:, :-1].view(B, R, slots)
@@ -489,8 +511,9 @@ def _split_tokens(counts, home_amt, k, slot_expert, slot_tokens, H: int, G: int)
     """tokens[r, e, g]: per expert, sources fill the copies on their own host first
     (north-west-corner cut inside each host), only the remainder crosses hosts.
 
-    Works on the list of copies (E home copies + R*S slot copies), so the cost is O(R * C)
-    plus writing the [R, E, R] result."""
+    Works on the list of copies (E home copies + R*S slot copies), so the cost is O(R * C).
+    Returns (flow [C, R] int32, copy_index [C] = e * R + g with real expert ids, tokens of each
+    copy [C] int32)."""
     R, E = counts.shape
     dev = counts.device
     # an empty slot (-1) becomes a zero-token copy of expert 0: it gets no flow
@@ -500,7 +523,6 @@ def _split_tokens(counts, home_amt, k, slot_expert, slot_tokens, H: int, G: int)
     # order copies by (expert, host, gpu)
     key, order = torch.sort(exp * (H * R) + k.copy_gpu_key, stable=True)
     eh = key // R  # (expert, host) group id, sorted ascending
-    exp = eh // H
     gpu = key % R
     amt = amt.index_select(0, order)
     # work in [copy, source rank] layout (row gathers are fast)
@@ -509,31 +531,50 @@ def _split_tokens(counts, home_amt, k, slot_expert, slot_tokens, H: int, G: int)
     # Supply of source r (host h) for expert e, cumulated in host: rows (expert, host).
     cnt_h = cnt.view(E * H, G)
     a_in = cnt_h.cumsum(1, dtype=torch.int32)  # inclusive, per host
-    sup_tot = a_in[:, G - 1]  # [E*H]
     # copy amounts cumulated inside their (expert, host) group
     dem_eh = torch.zeros(E * H, dtype=amt.dtype, device=dev).scatter_add_(0, eh, amt)
-    grp_start = dem_eh.cumsum(0, dtype=torch.int32) - dem_eh
-    b_in = amt.cumsum(0, dtype=torch.int32) - grp_start.index_select(0, eh)  # inclusive within group
-    lim = torch.minimum(sup_tot, dem_eh).index_select(0, eh)  # [C]
-    hi = torch.minimum(torch.minimum(a_in.index_select(0, eh), b_in[:, None]), lim[:, None])
-    lo = torch.maximum((a_in - cnt_h).index_select(0, eh), (b_in - amt)[:, None])
-    flow = (hi - lo).clamp(min=0)  # [C, G]
-    if H > 1:
-        # -- pass 2: the remainder, across hosts (north-west corner per expert)
-        cnt2 = cnt - torch.zeros_like(cnt_h).index_add_(0, eh, flow).view(E, R)
-        amt2 = amt - flow.sum(1, dtype=torch.int32)
-        a2 = cnt2.cumsum(1, dtype=torch.int32)
-        dem_e = torch.zeros(E, dtype=amt.dtype, device=dev).scatter_add_(0, exp, amt2)
-        b2 = amt2.cumsum(0, dtype=torch.int32) - (dem_e.cumsum(0, dtype=torch.int32) - dem_e).index_select(0, exp)
-        hi2 = torch.minimum(a2.index_select(0, exp), b2[:, None])
-        lo2 = torch.maximum((a2 - cnt2).index_select(0, exp), (b2 - amt2)[:, None])
-        # add pass 1's flows into the copy's own host block
-        flow = (hi2 - lo2).clamp(min=0).view(-1, H, G).scatter_add_(
-            1, (eh % H).view(-1, 1, 1).expand(-1, 1, G), flow[:, None, :]).view(-1, R)
-    flow = flow.t()  # [R, C] (a view)
-    flat = exp * R + gpu
-    q = torch.zeros(E * R, dtype=torch.long, device=dev).scatter_add(0, flat, amt.long())
-    return flow, flat, q.view(E, R)
+    b_in = amt.cumsum(0, dtype=torch.int32).sub_(
+        (dem_eh.cumsum(0, dtype=torch.int32) - dem_eh).index_select(0, eh))  # inclusive
+    # north-west corner: overlap of [a - cnt, a] and [b - amt, b] (never above the group's
+    # supply or demand, as a <= supply and b <= demand)
+    a_ex = a_in - cnt_h  # exclusive
+    lo = a_ex.index_select(0, eh).clamp_(min=(b_in - amt)[:, None])
+    if H == 1:
+        flow = _out_like(lo)
+        torch.index_select(a_in, 0, eh, out=flow)
+        flow.clamp_(max=b_in[:, None]).sub_(lo).clamp_(min=0)
+        return flow, _real(k, eh) * R + gpu, amt
+    flow = a_in.index_select(0, eh).clamp_(max=b_in[:, None]).sub_(lo).clamp_(min=0)
+    exp = eh // H
+    # -- pass 2: the remainder, across hosts (north-west corner per expert).
+    # Supply left: pass 1 took the first dem_eh tokens of each (expert, host) row, so source
+    # j keeps clamp(a_in[j] - dem_eh, 0, cnt[j]).
+    cnt2 = torch.minimum((a_in - dem_eh[:, None]).clamp_(min=0), cnt_h).view(E, R)
+    amt2 = amt - flow.sum(1, dtype=torch.int32)
+    a2 = cnt2.cumsum(1, dtype=torch.int32)
+    dem_e = torch.zeros(E, dtype=amt.dtype, device=dev).scatter_add_(0, exp, amt2)
+    b2 = amt2.cumsum(0, dtype=torch.int32).sub_(
+        (dem_e.cumsum(0, dtype=torch.int32) - dem_e).index_select(0, exp))
+    lo2 = cnt2.index_select(0, exp)
+    flow2 = _out_like(lo2)  # the result: an ordinary tensor, no copy out of inference mode
+    torch.index_select(a2, 0, exp, out=flow2)
+    torch.sub(flow2, lo2, out=lo2).clamp_(min=(b2 - amt2)[:, None])  # exclusive, lower end
+    flow2.clamp_(max=b2[:, None]).sub_(lo2).clamp_(min=0)
+    # add pass 1's flows into the copy's own host block
+    flow2.view(-1, H, G).scatter_add_(1, (eh % H).view(-1, 1, 1).expand(-1, 1, G),
+                                      flow[:, None, :])
+    return flow2, _real(k, exp) * R + gpu, amt
+
+
+def _real(k, exp):
+    return exp if k.perm is None else k.perm.index_select(0, exp)
+
+
+def _out_like(t: torch.Tensor) -> torch.Tensor:
+    """An uninitialised ordinary (non-inference) tensor like ``t``: planner outputs written
+    into it in place leave inference mode without a copy."""
+    with torch.inference_mode(False):
+        return torch.empty(t.shape, dtype=t.dtype, device=t.device)
 
 
 def plan(counts: torch.Tensor, hosts: int, gpus_per_host: int, slots_per_gpu: int,
