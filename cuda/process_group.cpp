@@ -1,6 +1,7 @@
 #include "process_group.h"
 
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 #include <c10/core/StreamGuard.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <unistd.h>
@@ -499,6 +500,17 @@ void checkTensor(const at::Tensor& t, const char* op, int rank) {
   TORCH_CHECK(!t.is_sparse(), "hoccl ", op, " on rank ", rank, ": sparse tensors are not supported");
 }
 
+// Peers read this rank's inputs while it writes its outputs, so an input that shares memory
+// with any output would be overwritten before every peer has read it (gloo corrupts such an
+// in-place all_to_all silently). Such an input is copied first.
+at::Tensor readableWhileWriting(const at::Tensor& input, const std::vector<at::Tensor>& outputs) {
+  at::Tensor in = input.contiguous();
+  for (const auto& out : outputs)
+    if (in.numel() > 0 && out.numel() > 0 && at::get_overlap_status(in, out) != at::MemOverlapStatus::No)
+      return in.clone();
+  return in;
+}
+
 void checkSameAs(const at::Tensor& t, const at::Tensor& ref, const char* op, int rank, const char* what) {
   TORCH_CHECK(t.scalar_type() == ref.scalar_type(), "hoccl ", op, " on rank ", rank, ": ", what,
               " has dtype ", t.scalar_type(), " but the input has ", ref.scalar_type());
@@ -991,7 +1003,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::alltoall_base(at::Tensor& outp
   };
   auto inSplits = splitsFor(input, inputSplits, "input");
   auto outSplits = splitsFor(output, outputSplits, "output");
-  at::Tensor in = input.contiguous();
+  at::Tensor in = readableWhileWriting(input, {output});
   Staged out(output);
   return enqueue(c10d::OpType::ALLTOALL_BASE, {output}, [this, in, out, inSplits, outSplits, op] {
     auto blocks = [&](const at::Tensor& t, const std::vector<int64_t>& s) {
@@ -1030,7 +1042,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::alltoall(std::vector<at::Tenso
     TORCH_CHECK(inputs[r].scalar_type() == outputs[r].scalar_type(), "hoccl ", op, " on rank ", rank_,
                 ": input ", r, " has dtype ", inputs[r].scalar_type(), " but output ", r, " has ",
                 outputs[r].scalar_type());
-    ins.push_back(inputs[r].contiguous());
+    ins.push_back(readableWhileWriting(inputs[r], outputs));
     outs.emplace_back(outputs[r]);
   }
   return enqueue(c10d::OpType::ALLTOALL, outputs, [this, ins, outs, op] {

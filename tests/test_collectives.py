@@ -148,6 +148,44 @@ def check_all_to_all(rank, world, algo):
     return case
 
 
+def check_aliased_buffers(rank, world):
+    """Outputs that alias inputs, as users write them: all_to_all in place (gloo corrupts it),
+    all_gather_into_tensor from the rank's own slice of the output (FSDP's pattern) and
+    reduce_scatter_tensor into the rank's own slice of the input. Sizes cover staged and
+    direct-read paths."""
+    case = 500_000
+    for n in (7, 70_001, 300_000):
+        case += 1
+        inputs = [make_input(r, case, world * n, torch.float32) for r in range(world)]
+        x = inputs[rank].clone()
+        dist.all_to_all_single(x, x)
+        expected = torch.cat([inputs[s][rank * n:(rank + 1) * n] for s in range(world)])
+        assert_close(x, expected, f"all_to_all_single in place n={n}")
+
+        blocks = [t.clone() for t in inputs[rank].chunk(world)]
+        dist.all_to_all(blocks, blocks)
+        assert_close(torch.cat(blocks), expected, f"all_to_all list in place n={n}")
+
+        case += 1
+        inputs = [make_input(r, case, n, torch.float32) for r in range(world)]
+        big = torch.full((world * n,), float("nan"))
+        big[rank * n:(rank + 1) * n] = inputs[rank]
+        dist.all_gather_into_tensor(big, big[rank * n:(rank + 1) * n])
+        assert_close(big, torch.cat(inputs), f"all_gather_into_tensor from own slice n={n}")
+        outs = [torch.full((n,), float("nan")) for _ in range(world)]
+        outs[rank].copy_(inputs[rank])
+        dist.all_gather(outs, outs[rank])
+        assert_close(torch.cat(outs), torch.cat(inputs), f"all_gather from own output n={n}")
+
+        case += 1
+        inputs = [make_input(r, case, world * n, torch.float32) for r in range(world)]
+        x = inputs[rank].clone()
+        dist.reduce_scatter_tensor(x[rank * n:(rank + 1) * n], x)
+        expected = reference_reduce([t[rank * n:(rank + 1) * n] for t in inputs], "sum", world)
+        assert_close(x[rank * n:(rank + 1) * n], expected, f"reduce_scatter_tensor into own slice n={n}")
+    return True
+
+
 def check_p2p_and_misc(rank, world):
     # send/recv ring, with messages larger than the ring buffers
     for n in (0, 5, 100_000):
@@ -291,6 +329,11 @@ def test_all_to_all_on_a_topology_preset():
     # VarioPath with the 4-GPU direct-attached preset's channel catalog instead of the flat one.
     run_ranks(check_all_to_all, 4, "varipath", env=env_for(4, HOCCL_ALLTOALL_ALGO="varipath",
                                                            HOCCL_TOPOLOGY="direct4"), timeout=300)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_aliased_outputs(world):
+    assert run_ranks(check_aliased_buffers, world, env=env_for(world), timeout=300) == [True] * world
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
