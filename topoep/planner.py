@@ -177,27 +177,27 @@ def default_placement(num_experts: int, ranks: int, device=None) -> torch.Tensor
 # --------------------------------------------------------------------------- building blocks
 
 
-def _cut_slots(ps: torch.Tensor, spare: torch.Tensor, slots: int, at_home: torch.Tensor,
-               homes_last: torch.Tensor, k):
+def _cut_slots(ps: torch.Tensor, spare: torch.Tensor, slots: int, at_home: torch.Tensor, k):
     """Cumulative cut of pieces [B, P] (fixed order) over receivers [B, N] (GPU order, cut in
     spare-desc order, ties to the lower GPU); each receiver keeps its ``slots`` largest overlaps
     (ties: earlier piece); overlaps with the piece's own home GPU (``at_home`` [B, N, P]) stay
     at home. Returns the key of each kept overlap [B, N, slots] (amount * P + P - 1 - piece).
 
-    Rows with ``homes_last`` ([B, 1]): receivers that are home to a piece come after all
-    others, in piece order, so each such piece's remainder lands on its home (a chain: the home
-    GPU gave its expert away and takes a piece of the next one in its slot).
+    Rows with homes last (``k.rev_p1_hl`` nonzero): receivers that are home to a piece come
+    after all others, in piece order, so each such piece's remainder lands on its home (a
+    chain: the home GPU gave its expert away and takes a piece of the next one in its slot).
 
     No sort: receivers' cumulative capacities come from a pairwise [B, N, N] comparison of
     unique keys, and the ``slots`` largest overlaps from ``slots`` max reductions (topk is
     ~10x slower on these shapes on a CPU)."""
+    # homes-last rows: P - position of the first (non-empty) piece homed on each receiver,
+    # 0 = none (amax: amin of int64 is several times slower on a CPU)
+    fh = ((at_home & (ps > 0)[:, None, :]) * k.rev_p1_hl).amax(2)  # [B, N]
+    # receiver order, descending: by spare, then the homes (first piece first); ties to the
+    # lower GPU (key * N + N - 1 - GPU is unique)
+    rk = torch.where(fh > 0, fh - _BIG32, spare) * k.n_recv + k.rev_n
+    ar = ((rk[:, None, :] >= rk[:, :, None]) * spare[:, None, :]).sum(2)  # inclusive cumsum
     p = ps.shape[1]
-    # position of the first (non-empty) piece homed on each receiver, p = none
-    # (amax: amin of int64 is several times slower on a CPU)
-    first = p - ((at_home & (ps > 0)[:, None, :]) * k.rev_p1).amax(2)  # [B, N]
-    # receiver order: ascending key, ties to the lower GPU (key * N + GPU is unique)
-    rk = torch.where(homes_last & (first < p), first + _BIG32, -spare) * k.n_recv + k.ar_n
-    ar = ((rk[:, None, :] <= rk[:, :, None]) * spare[:, None, :]).sum(2)  # inclusive cumsum
     ap = ps.cumsum(1)
     lo = torch.maximum((ar - spare)[:, :, None], (ap - ps)[:, None, :])
     ov = (torch.minimum(ar[:, :, None], ap[:, None, :]) - lo).clamp_(min=0)  # [B, N, P]
@@ -303,10 +303,10 @@ class TopoEPPlanner:
         k.rev_h = H - 1 - torch.arange(H)
         # slot cut, rows (mode, target, host) x receivers (GPUs of the host) x pieces
         k.row_gpu = ((torch.arange(V * H) % H)[:, None] * G + torch.arange(G))[:, :, None]
-        k.homes_last = k.whole.view(2, 1).expand(2, V // 2 * H).reshape(-1, 1)
+        homes_last = k.whole.view(2, 1).expand(2, V // 2 * H).reshape(-1, 1, 1)  # [V*H]
         k.rev_p = K - 1 - torch.arange(K)
-        k.rev_p1 = k.rev_p + 1
-        k.ar_n = torch.arange(G)
+        k.rev_p1_hl = (k.rev_p + 1) * homes_last  # [V*H, 1, K]
+        k.rev_n = G - 1 - torch.arange(G)
         # token split: GPU and host of every copy (E home copies, then R*S slots) and the
         # (host, gpu) part of the copy sort key
         gpu = torch.cat([torch.arange(E) // m, torch.arange(R * S) // S])
@@ -425,7 +425,7 @@ class TopoEPPlanner:
         if self.min_piece > 1:  # too small to be worth copying an expert's weights
             pieces = pieces * (pieces >= self.min_piece)
         at_home = (porder // (self.E // R))[:, None, :] == k.row_gpu  # [V*H, G, K]
-        key = _cut_slots(pieces, spare, S, at_home, k.homes_last, k)  # [V*H, G, S]
+        key = _cut_slots(pieces, spare, S, at_home, k)  # [V*H, G, S]
         amt = key // K
         e = porder.gather(1, (K - 1 - key % K).view(-1, self.G * S))
         slot_e = torch.where(amt > 0, e.view(amt.shape), -1)
@@ -477,31 +477,44 @@ def _greedy(c: torch.Tensor, L: torch.Tensor, T: torch.Tensor, m: int, slots: in
     (expert [B, R, slots], tokens [B, R, slots]) (-1 / 0 = empty slot)."""
     R = L.shape[0]
     B = T.shape[0]
-    rem = c.expand(B, R * m).clone()  # home tokens left
-    room = T[:, None] - L  # [B, R] below the target; the most loaded GPU has the least
-    used = torch.zeros_like(room)  # slots filled per GPU
-    steps = []
+    rem = c.expand(B, R * m).clone().view(B, R, m)  # home tokens left
+    # W: room below the target of every GPU that still has a free slot, 0 for a full GPU.
+    # A full GPU never has negative room (it took at most its room, and can only give
+    # since), so it is never a productive donor; the donor is W's argmin when negative, the
+    # receiver W's argmax when positive, and one tensor serves both.
+    W = T[:, None] - L  # [B, R]
+    used = torch.zeros_like(W) if slots > 1 else None  # slots filled per GPU
+    rs, ds, js, amts, slot = [], [], [], [], []
     for _ in range(R):
-        rd, d = room.min(1, keepdim=True)  # the most loaded GPU (first: the lower id)
-        # its largest remaining home expert
-        top, x = rem.view(B, R, m).gather(1, d[:, :, None].expand(B, 1, m)).max(2)
-        x = x + d * m
-        # the GPU with a free slot and the most room
-        s, r = torch.where(used < slots, room, -_BIG).max(1, keepdim=True)
-        amt = torch.minimum(top, s).clamp(min=0) * (rd < 0)
+        rd, d = W.min(1, keepdim=True)  # the most loaded GPU (first: the lower id)
+        s, r = W.max(1, keepdim=True)  # the GPU with a free slot and the most room
+        di = d[:, :, None].expand(B, 1, m)
+        row = rem.gather(1, di)  # the donor's home experts
+        top, j = row.max(2)  # its largest remaining one
+        amt = torch.minimum(top, s).clamp_(min=0).mul_(rd < 0)
         if min_piece > 1:  # too small to be worth copying an expert's weights
             amt = amt * (amt >= min_piece)
-        moved = amt.clamp(max=1)
-        rem.scatter_add_(1, x, -amt)
-        room.scatter_add_(1, d, amt)
-        room.scatter_add_(1, r, -amt)
-        # the slot this step fills (a spare column R * slots when it moved nothing)
-        dst = torch.where(moved > 0, r * slots + used.gather(1, r), R * slots)
-        used.scatter_add_(1, r, moved)
-        steps.append(torch.stack([dst, x, amt]))
-    dst, x, amt = torch.cat(steps, 2)  # [B, R] each
+        row.scatter_add_(2, j[:, :, None], amt.neg()[:, :, None])
+        rem.scatter_(1, di, row)
+        if used is None:  # one slot: the receiver is full once it took something
+            W.scatter_(1, r, s * (amt == 0))
+        else:
+            u = used.gather(1, r)
+            slot.append(u)
+            moved = amt.clamp(max=1)
+            W.scatter_(1, r, (s - amt) * (u + moved < slots))
+            used.scatter_add_(1, r, moved)
+        W.scatter_add_(1, d, amt)
+        rs.append(r)
+        ds.append(d)
+        js.append(j)
+        amts.append(amt)
+    r, d, j, amt = torch.cat(rs, 1), torch.cat(ds, 1), torch.cat(js, 1), torch.cat(amts, 1)
+    # the slot each step filled (a spare column R * slots where it moved nothing)
+    dst = r if used is None else r * slots + torch.cat(slot, 1)
+    dst = torch.where(amt > 0, dst, R * slots)
     expert = torch.full((B, R * slots + 1), -1, dtype=torch.long, device=c.device).scatter_(
-        1, dst, x)
+        1, dst, d * m + j)
     tokens = torch.zeros((B, R * slots + 1), dtype=torch.long, device=c.device).scatter_(
         1, dst, amt)
     return expert[:, :-1].view(B, R, slots), tokens[:, :-1].view(B, R, slots)
