@@ -500,15 +500,16 @@ void checkTensor(const at::Tensor& t, const char* op, int rank) {
   TORCH_CHECK(!t.is_sparse(), "hoccl ", op, " on rank ", rank, ": sparse tensors are not supported");
 }
 
-// Peers read this rank's inputs while it writes its outputs, so an input that shares memory
-// with any output would be overwritten before every peer has read it (gloo corrupts such an
-// in-place all_to_all silently). Such an input is copied first.
+// Peers read this rank's inputs while it writes its outputs (and copy engines run them at
+// once), so an input that shares memory with an output would be overwritten before every peer
+// has read it (gloo corrupts such an in-place all_to_all silently). Such an input is copied
+// first, on the caller's stream for CUDA tensors.
 at::Tensor readableWhileWriting(const at::Tensor& input, const std::vector<at::Tensor>& outputs) {
-  at::Tensor in = input.contiguous();
   for (const auto& out : outputs)
-    if (in.numel() > 0 && out.numel() > 0 && at::get_overlap_status(in, out) != at::MemOverlapStatus::No)
-      return in.clone();
-  return in;
+    if (input.defined() && out.defined() && input.numel() > 0 && out.numel() > 0 &&
+        at::get_overlap_status(input, out) != at::MemOverlapStatus::No)
+      return input.clone(at::MemoryFormat::Contiguous);
+  return input;
 }
 
 void checkSameAs(const at::Tensor& t, const at::Tensor& ref, const char* op, int rank, const char* what) {
@@ -964,11 +965,12 @@ void ProcessGroupHOCCL::alltoallBlocks(const std::vector<at::Tensor>& inputs,
   runCollective(c);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::alltoall_base(at::Tensor& output, at::Tensor& input,
+c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::alltoall_base(at::Tensor& output, at::Tensor& userInput,
                                                                 std::vector<int64_t>& outputSplits,
                                                                 std::vector<int64_t>& inputSplits,
                                                                 const c10d::AllToAllOptions& opts) {
   const char* op = "all_to_all_single";
+  at::Tensor input = readableWhileWriting(userInput, {output});
   bool even = outputSplits.empty() && inputSplits.empty() && input.numel() == output.numel() &&
               input.numel() % size_ == 0 && input.scalar_type() == output.scalar_type();
   if (auto w = tryCuda(op, c10d::OpType::ALLTOALL_BASE, {input}, {output},
@@ -1003,7 +1005,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::alltoall_base(at::Tensor& outp
   };
   auto inSplits = splitsFor(input, inputSplits, "input");
   auto outSplits = splitsFor(output, outputSplits, "output");
-  at::Tensor in = readableWhileWriting(input, {output});
+  at::Tensor in = input.contiguous();
   Staged out(output);
   return enqueue(c10d::OpType::ALLTOALL_BASE, {output}, [this, in, out, inSplits, outSplits, op] {
     auto blocks = [&](const at::Tensor& t, const std::vector<int64_t>& s) {
@@ -1022,9 +1024,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::alltoall_base(at::Tensor& outp
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::alltoall(std::vector<at::Tensor>& outputs,
-                                                           std::vector<at::Tensor>& inputs,
+                                                           std::vector<at::Tensor>& userInputs,
                                                            const c10d::AllToAllOptions& opts) {
   const char* op = "all_to_all";
+  std::vector<at::Tensor> inputs;
+  for (const auto& t : userInputs) inputs.push_back(readableWhileWriting(t, outputs));
   if (auto w = tryCuda(op, c10d::OpType::ALLTOALL, inputs, outputs,
                        [&](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
                          std::vector<at::Tensor> i = hi, o = ho;
@@ -1042,7 +1046,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::alltoall(std::vector<at::Tenso
     TORCH_CHECK(inputs[r].scalar_type() == outputs[r].scalar_type(), "hoccl ", op, " on rank ", rank_,
                 ": input ", r, " has dtype ", inputs[r].scalar_type(), " but output ", r, " has ",
                 outputs[r].scalar_type());
-    ins.push_back(readableWhileWriting(inputs[r], outputs));
+    ins.push_back(inputs[r].contiguous());
     outs.emplace_back(outputs[r]);
   }
   return enqueue(c10d::OpType::ALLTOALL, outputs, [this, ins, outs, op] {
