@@ -100,6 +100,7 @@ PYBIND11_MODULE(_scheduler, m) {
             meta["candidate"] = info.family == Scheduler::kPeerRounds   ? "peer_rounds"
                                 : info.family == Scheduler::kLinkGreedy ? "link_greedy"
                                 : info.family == Scheduler::kDirect     ? "direct"
+                                : info.family == Scheduler::kSplitPeer  ? "peer_split"
                                                                         : "channels";
             return py::make_tuple(phases, meta);
           },

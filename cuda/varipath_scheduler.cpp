@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <queue>
 #include <stdexcept>
@@ -47,6 +48,14 @@ constexpr double kFuseLatencyShare = 0.03;
 constexpr std::size_t kMaxSimulatedPhaseFlows = 1024;
 constexpr std::size_t kMaxSimulatedFlows = 4096;
 constexpr int kMaxSimulatedRanks = 32;
+// Past kMaxSimulatedRanks ranks the link-greedy pass is built only when its work (about the
+// busiest link's pair count, i.e. its phases, times the pairs it scans per phase) fits this
+// budget; otherwise split peer rounds replace it.  A count of operations, never a clock, so every
+// rank decides alike.  (64 ranks: 112 x 4032 pairs, several milliseconds, is over it.)
+constexpr double kLinkGreedyWork = 65536.0;
+// Split peer rounds: pairs whose busiest link carries at least this share of the busiest link's
+// load are placed first.
+constexpr double kHotShare = 0.5;
 // Past kMaxSimulatedRanks ranks fused runs are bounded up to this many channel phases, and all
 // in one (each merge factor's bound costs a pass over the plan).
 constexpr int kMaxMergeManyRanks = 8;
@@ -263,9 +272,10 @@ struct Scheduler::LinkScratch {
   std::vector<int> links_now, open_flows, unfrozen_on;  // max-min: links by local index
   std::vector<int> link_id, link_off, link_members;
   std::vector<double> cap_left, share;
+  std::vector<char> need;  // bound: shared links whose flow sizes are gathered
   explicit LinkScratch(size_t links, size_t pairs, size_t gpus)
       : load(links, 0.0), flows(links, 0), slot(pairs, -1), active_on(links, 0),
-        per_source(gpus, 0), sizes_on(links), unfrozen_on(links, 0), link_id(links, 0), cap_left(links, 0.0), share(links, 0.0) {}
+        per_source(gpus, 0), sizes_on(links), unfrozen_on(links, 0), link_id(links, 0), cap_left(links, 0.0), share(links, 0.0), need(links, 0) {}
 };
 
 void Scheduler::add_transfer(LinkScratch* ls, int pair, int64_t bytes, bool /*new_flow*/) const {
@@ -554,6 +564,7 @@ std::vector<std::vector<int>> Scheduler::link_greedy(const std::vector<int64_t>&
   }
   std::vector<int> busy(link_bw_.size(), -1);  // phase index that holds the link
   std::vector<std::pair<double, int>> order;
+  std::vector<double> x2(link_bw_.size(), 0.0);
   std::vector<std::vector<int>> phases;
   // Urgencies drift slowly from phase to phase; with many ranks re-sorting every phase is the
   // planner's largest cost, so the order is refreshed every n/16 phases (finished pairs
@@ -562,16 +573,32 @@ std::vector<std::vector<int>> Scheduler::link_greedy(const std::vector<int64_t>&
   while (!active.empty()) {
     const int phase = static_cast<int>(phases.size());
     if (phase % resort_every == 0) {
-      order.clear();
-      for (int p : active) {
-        double u = 0.0;
-        for (int l : links_of(p)) {
-          const double x = link_left[l] / link_bw_[l];
-          u += x * x;
-        }
-        order.push_back({-u, p});  // ascending: most urgent first, then lowest pair id
+      for (size_t l = 0; l < x2.size(); ++l) {
+        const double x = link_left[l] / link_bw_[l];
+        x2[l] = x * x;
       }
-      std::sort(order.begin(), order.end());
+      // Re-key the previous order (finished pairs dropped) and insertion-sort it: urgencies
+      // drift little between refreshes, so it is nearly sorted (keys are unique: the order is
+      // the same as a full sort's).
+      size_t kept = 0;
+      for (const auto& entry : order)
+        if (left[entry.second] > 0) order[kept++] = entry;
+      order.resize(kept);
+      const bool first = order.empty();
+      if (first)
+        for (int p : active) order.push_back({0.0, p});
+      for (auto& entry : order) {
+        double u = 0.0;
+        for (int l : links_of(entry.second)) u += x2[l];
+        entry.first = -u;  // ascending: most urgent first, then lowest pair id
+      }
+      if (first) std::sort(order.begin(), order.end());
+      for (size_t i = 1; i < order.size() && !first; ++i) {
+        const auto key = order[i];
+        size_t j = i;
+        for (; j > 0 && key < order[j - 1]; --j) order[j] = order[j - 1];
+        order[j] = key;
+      }
     }
     int lead = -1;
     for (const auto& entry : order)
@@ -612,6 +639,7 @@ std::vector<std::vector<int>> Scheduler::link_greedy(const std::vector<int64_t>&
   return phases;
 }
 
+
 // Lower bound of merged_cost(): per group, the start latency plus, for every link, the time to
 // drain its flows if they left smallest first (each step at bandwidth * eta(flows still on the
 // link)), which no sharing can beat.  Exact when no link carries two flows (and no source
@@ -628,32 +656,46 @@ double Scheduler::merged_bound(const Decomposition& dec, int merge, LinkScratch*
       for (size_t k = 0; k < dec.pairs[i].size(); ++k) add_transfer(ls, dec.pairs[i][k], dec.bytes[i][k], true);
     double worst = 0.0;
     bool shared = false;
-    for (int l : ls->touched) shared = shared || ls->flows[l] > 1;
+    for (int l : ls->touched) {
+      shared = shared || ls->flows[l] > 1;
+      worst = std::max(worst, ls->load[l] / link_bw_[l]);
+    }
     // Signature of the fused phases as the cost model sees them: the flows and their bytes,
     // in order when copy-engine queues make the order matter.
-    uint64_t group = 0;
-    for (size_t f = 0; f < ls->flow_pair.size(); ++f) {
-      const uint64_t h = mix64((static_cast<uint64_t>(ls->flow_pair[f]) << 40) ^
-                               static_cast<uint64_t>(ls->flow_bytes[f]));
-      group = model_.copy_engines > 0 ? mix64(group ^ h) : group + h;
-    }
-    sig = mix64(sig ^ group);
-    if (shared && model_.eta_beta > 0.0) {
-      // Gather each shared link's flow sizes to charge eta for the flows still present.
-      for (size_t f = 0; f < ls->flow_pair.size(); ++f)
-        for (int l : links_of(ls->flow_pair[f]))
-          if (ls->flows[l] > 1) ls->sizes_on[l].push_back(ls->flow_bytes[f]);
-    }
-    for (int l : ls->touched) {
-      double t = ls->load[l] / link_bw_[l];
-      std::vector<double>& sz = ls->sizes_on[l];
-      if (!sz.empty()) {
-        std::sort(sz.begin(), sz.end());
-        t = 0.0;
-        for (size_t i = 0; i < sz.size(); ++i) t += sz[i] / (link_bw_[l] * eta(static_cast<int>(sz.size() - i)));
-        sz.clear();
+    if (signature) {
+      uint64_t group = 0;
+      for (size_t f = 0; f < ls->flow_pair.size(); ++f) {
+        const uint64_t h = mix64((static_cast<uint64_t>(ls->flow_pair[f]) << 40) ^
+                                 static_cast<uint64_t>(ls->flow_bytes[f]));
+        group = model_.copy_engines > 0 ? mix64(group ^ h) : group + h;
       }
-      worst = std::max(worst, t);
+      sig = mix64(sig ^ group);
+    }
+    if (shared && model_.eta_beta > 0.0) {
+      // A shared link drains in at least load / bw and at most load / (bw * eta(k)); only the
+      // links whose upper end passes the busiest plain time can decide the maximum, so only
+      // their flow sizes are gathered and sorted.
+      bool any = false;
+      for (int l : ls->touched) {
+        const bool need = ls->flows[l] > 1 && ls->load[l] / (link_bw_[l] * eta(ls->flows[l])) > worst;
+        ls->need[l] = need;
+        any = any || need;
+      }
+      if (any) {
+        for (size_t f = 0; f < ls->flow_pair.size(); ++f)
+          for (int l : links_of(ls->flow_pair[f]))
+            if (ls->need[l]) ls->sizes_on[l].push_back(ls->flow_bytes[f]);
+        for (int l : ls->touched) {
+          std::vector<double>& sz = ls->sizes_on[l];
+          if (sz.empty()) continue;
+          std::sort(sz.begin(), sz.end());
+          double t = 0.0;
+          for (size_t i = 0; i < sz.size(); ++i) t += sz[i] / (link_bw_[l] * eta(static_cast<int>(sz.size() - i)));
+          sz.clear();
+          ls->need[l] = 0;
+          worst = std::max(worst, t);
+        }
+      }
     }
     if (model_.copy_engines > 0 && !shared) {
       for (int p : ls->flow_pair) shared = shared || ++ls->per_source[p / n_] > model_.copy_engines;
@@ -683,6 +725,52 @@ Scheduler::Decomposition Scheduler::peer_decomposition(const std::vector<int64_t
     dec.pairs.push_back(std::move(pairs));
     dec.bytes.push_back(std::move(amount));
   }
+  return dec;
+}
+
+// Peer rounds packed into link-disjoint phases: pairs in round order (s -> s+k for k = 1, 2, ...),
+// the pairs crossing a link loaded to at least kHotShare of the busiest link first, each placed
+// whole in the first phase where all its links are still free (first fit; a bit set of phases
+// per link).  Every phase carries at most one transfer per link, so its cost is exact, like a
+// link-greedy phase, but building it costs one pass over the pairs, where link-greedy scans
+// them once per phase.  Cooler pairs then fill the links the hot ones leave idle.
+Scheduler::Decomposition Scheduler::split_peer_decomposition(const std::vector<int64_t>& demand,
+                                                             const std::vector<double>& weight) const {
+  Decomposition dec;
+  dec.family = kSplitPeer;
+  const size_t links = link_bw_.size();
+  size_t words = 1;
+  std::vector<uint64_t> used(links * words, 0);  // link-major: used[l * words + w]
+  std::vector<uint64_t> taken;
+  for (int hot = 1; hot >= 0; --hot)
+    for (int k = 1; k < n_; ++k)
+      for (int s = 0; s < n_; ++s) {
+        const int p = s * n_ + (s + k) % n_;
+        if (demand[p] <= 0 || (weight[p] >= kMinWeight + kHotShare) != (hot == 1)) continue;
+        taken.assign(words, 0);
+        for (int l : links_of(p))
+          for (size_t w = 0; w < words; ++w) taken[w] |= used[l * words + w];
+        size_t j = words * 64;
+        for (size_t w = 0; w < words; ++w)
+          if (~taken[w] != 0) {
+            j = w * 64 + static_cast<size_t>(__builtin_ctzll(~taken[w]));
+            break;
+          }
+        if (j >= words * 64) {  // grow the bit sets
+          std::vector<uint64_t> wider(links * (words + 1), 0);
+          for (size_t l = 0; l < links; ++l)
+            for (size_t w = 0; w < words; ++w) wider[l * (words + 1) + w] = used[l * words + w];
+          used.swap(wider);
+          ++words;
+        }
+        for (int l : links_of(p)) used[l * words + j / 64] |= uint64_t{1} << (j % 64);
+        while (dec.pairs.size() <= j) {
+          dec.pairs.emplace_back();
+          dec.bytes.emplace_back();
+        }
+        dec.pairs[j].push_back(p);
+        dec.bytes[j].push_back(demand[p]);
+      }
   return dec;
 }
 
@@ -753,7 +841,7 @@ void Scheduler::other_decompositions(const std::vector<int64_t>& demand, const s
 // phase the t-th largest transfer on l is delivered while at least t share it, at bandwidth *
 // eta(t) at most; rank t holds at most P * b bytes over the plan.  Minimised over P.  Without
 // eta (fluid, copy engines) this is one start latency plus l's time, the plain bound.
-double Scheduler::plan_floor(const std::vector<int64_t>& demand, double bound_s) const {
+double Scheduler::plan_floor(const std::vector<int64_t>& demand, double bound_s, int* hot_pairs) const {
   std::vector<double> load(link_bw_.size(), 0.0);
   for (size_t p = 0; p < demand.size(); ++p)
     if (static_cast<int>(p) / n_ != static_cast<int>(p) % n_ && demand[p] > 0)
@@ -771,6 +859,7 @@ double Scheduler::plan_floor(const std::vector<int64_t>& demand, double bound_s)
         biggest = std::max(biggest, static_cast<double>(demand[p]));
       }
   }
+  if (hot_pairs) *hot_pairs = pairs;
   if (model_.eta_beta <= 0.0 || pairs == 0) return latency_s_ + bound_s;
   double best = std::numeric_limits<double>::infinity();
   for (int phases = 1; phases <= pairs; ++phases) {
@@ -825,15 +914,29 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
   std::vector<Decomposition> decs;
   // No plan costs less than plan_floor(): an exact link-greedy plan within kGoodEnough of it is
   // taken without building the others.
-  const double floor_s = plan_floor(demand, bound_s);
+  int hot_pairs = 0;
+  const double floor_s = plan_floor(demand, bound_s, &hot_pairs);
   double best_exact = std::numeric_limits<double>::infinity();
+  // Past kMaxSimulatedRanks ranks the link-greedy pass runs only within its work budget; split
+  // peer rounds stand in for it.
+  size_t active_pairs = 0;
+  for (size_t p = 0; p < demand.size(); ++p) active_pairs += static_cast<int>(p) / n_ != static_cast<int>(p) % n_ && demand[p] > 0;
+  const bool link_pass = (candidates_ & kLinkGreedy) &&
+                         (n_ <= kMaxSimulatedRanks || static_cast<double>(hot_pairs) * static_cast<double>(active_pairs) <= kLinkGreedyWork);
+  const bool split_pass = (candidates_ & (kLinkGreedy | kPeerRounds)) && n_ > kMaxSimulatedRanks && !link_pass;
   LinkScratch ls(link_bw_.size(), pair_links_.size(), static_cast<size_t>(n_));
-  if (candidates_ & kLinkGreedy)
-    for (int64_t q : link_passes(qs, top)) {
-      decs.push_back(link_decomposition(demand, q, top));
-      const Decomposition& dec = decs.back();
+  std::vector<int64_t> passes = link_pass ? link_passes(qs, top) : std::vector<int64_t>{};
+  if (split_pass) passes.push_back(-1);
+  for (int64_t q : passes) {
+      decs.push_back(q < 0 ? split_peer_decomposition(demand, weight) : link_decomposition(demand, q, top));
+      Decomposition& dec = decs.back();
       bool exact = true;
-      const double cost = merged_bound(dec, 1, &ls, &exact, nullptr);
+      uint64_t sig = 0;
+      const double cost = merged_bound(dec, 1, &ls, &exact, &sig);
+      dec.bound1 = cost;
+      dec.exact1 = exact;
+      dec.sig1 = sig;
+      dec.have1 = true;
       if (exact && cost <= (1.0 + kGoodEnough) * floor_s) {
         if (info)
           *info = PlanInfo{cost, static_cast<int>(dec.pairs.size()), 1, static_cast<double>(dec.quantum), 0,
@@ -871,17 +974,66 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
   // decomposition fused into one phase when the order does not matter) are costed once: the
   // first one generated, which is also first among equal bounds.
   std::vector<uint64_t> seen;
+  // Without copy-engine queues the order inside a phase does not matter, so any decomposition
+  // fused into one phase is the direct plan: when that is a candidate, the others' are not built.
+  const bool have_direct = std::any_of(decs.begin(), decs.end(), [](const Decomposition& x) { return x.family == kDirect; });
+  const bool skip_all = have_direct && model_.copy_engines == 0;
+  // Past kMaxSimulatedRanks ranks candidates are ranked by their bounds, so one whose cheap
+  // floor (its start latencies plus the busiest link's time) already reaches the best bound
+  // found cannot win and is not bounded; the direct plan goes first (usually the best at small
+  // sizes, where the fused runs' latencies decide).
+  const bool prune = n_ > kMaxSimulatedRanks;
+  double best_bound = std::numeric_limits<double>::infinity();
+  std::vector<size_t> dec_order(decs.size());
   for (size_t d = 0; d < decs.size(); ++d) {
+    dec_order[d] = d;
+    if (decs[d].have1) best_bound = std::min(best_bound, decs[d].bound1);
+  }
+  if (prune)
+    std::stable_partition(dec_order.begin(), dec_order.end(), [&](size_t d) { return decs[d].family == kDirect; });
+  for (size_t d : dec_order) {
     const int count = static_cast<int>(decs[d].pairs.size());
+    if (prune) {
+      // Unfused first (bound usually known), then one phase, 8, 4, 2 (fewer groups first: their
+      // latency floor is lowest, so the best bound drops early and prunes the rest).
+      bool exact = true;
+      const double b1 = decs[d].have1 ? decs[d].bound1 : merged_bound(decs[d], 1, &ls, &exact, nullptr);
+      if (decs[d].have1) exact = decs[d].exact1;
+      const bool reference = decs[d].family == kPeerRounds || decs[d].family == kDirect;
+      cands.push_back({b1, static_cast<int>(d), 1, exact, reference});
+      best_bound = std::min(best_bound, b1);
+      if (count == 1 || !worth_fusing(count, b1)) continue;
+      for (int m : {count, kMaxMergeManyRanks, 4, 2}) {
+        if (m >= count && (m != count || skip_all)) continue;
+        if (static_cast<double>((count + m - 1) / m) * latency_s_ + bound_s >= best_bound) continue;
+        bool ex = true;
+        const double bound = merged_bound(decs[d], m, &ls, &ex, nullptr);
+        cands.push_back({bound, static_cast<int>(d), m, ex, false});
+        best_bound = std::min(best_bound, bound);
+      }
+      continue;
+    }
     for (int merge = 1;; merge *= 2) {
       // Past kMaxSimulatedRanks ranks: 1, 2, 4, 8, then all phases in one.
       const bool skip_to_all = n_ > kMaxSimulatedRanks && merge > kMaxMergeManyRanks;
       const int m = skip_to_all ? count : std::min(merge, count);
+      if (m == count && m > 1 && skip_all) break;
+      if (prune && m > 1 && static_cast<double>((count + m - 1) / m) * latency_s_ + bound_s >= best_bound) {
+        if (m >= count) break;
+        continue;
+      }
       bool exact = true;
       uint64_t sig = 0;
-      const double bound = merged_bound(decs[d], m, &ls, &exact, &sig);
+      const bool signed_ = n_ <= kMaxSimulatedRanks;  // past it nothing is simulated: no need
+      const double bound = m == 1 && decs[d].have1 ? decs[d].bound1
+                                                   : merged_bound(decs[d], m, &ls, &exact, signed_ ? &sig : nullptr);
+      if (m == 1 && decs[d].have1) {
+        exact = decs[d].exact1;
+        sig = decs[d].sig1;
+      }
       const bool reference = m == 1 && (decs[d].family == kPeerRounds || decs[d].family == kDirect);
-      const size_t twin = static_cast<size_t>(std::find(seen.begin(), seen.end(), sig) - seen.begin());
+      const size_t twin = signed_ ? static_cast<size_t>(std::find(seen.begin(), seen.end(), sig) - seen.begin())
+                                  : seen.size();
       if (twin < seen.size()) {
         // Keep one copy; it is a reference if either is, and simulated if either may be.
         Candidate& kept = cands[twin];
@@ -894,6 +1046,7 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
       } else {
         seen.push_back(sig);
         cands.push_back({bound, static_cast<int>(d), m, exact, reference});
+        best_bound = std::min(best_bound, bound);
       }
       if (m >= count || !worth_fusing(count, bound)) break;
       // With copy-engine queues (no eta) on one host (<= 16 ranks) fused runs of a few phases

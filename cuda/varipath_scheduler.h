@@ -55,6 +55,9 @@ class Scheduler {
   // Candidate families plan() chooses from (bit mask; all by default).  Restricting them is
   // for tests and experiments: every family alone covers the demand.
   static constexpr int kCatalogChannels = 1, kLinkGreedy = 2, kPeerRounds = 4, kDirect = 8;
+  // Reported family of split peer rounds (link-disjoint peer-round phases), which stand in for
+  // link-greedy past 32 ranks when its work budget is exceeded; not a set_candidates() bit.
+  static constexpr int kSplitPeer = 16;
   void set_candidates(int mask);
 
   // demand: n*n row-major bytes (diagonal ignored, must be >= 0). Deterministic; covers demand
@@ -93,6 +96,9 @@ class Scheduler {
     std::vector<std::vector<int64_t>> bytes;
     int64_t quantum = 0;
     int family = 0;
+    bool have1 = false, exact1 = false;  // merged_bound(merge 1), when already computed
+    double bound1 = 0.0;
+    uint64_t sig1 = 0;
   };
   std::vector<int64_t> quanta(int64_t top, double bound_s) const;
   std::vector<int64_t> link_passes(const std::vector<int64_t>& quanta, int64_t top) const;
@@ -101,11 +107,12 @@ class Scheduler {
                             bool with_catalog, std::vector<Decomposition>* out) const;
   Decomposition peer_decomposition(const std::vector<int64_t>& demand) const;
   Decomposition direct_decomposition(const std::vector<int64_t>& demand) const;
+  Decomposition split_peer_decomposition(const std::vector<int64_t>& demand, const std::vector<double>& weight) const;
   double merged_bound(const Decomposition& dec, int merge, LinkScratch* ls, bool* exact, uint64_t* signature) const;
   void reset_scratch(LinkScratch* ls) const;
   bool worth_fusing(int phases, double unfused_bound) const;
   bool affordable(const Decomposition& dec, int merge) const;
-  double plan_floor(const std::vector<int64_t>& demand, double bound_s) const;
+  double plan_floor(const std::vector<int64_t>& demand, double bound_s, int* hot_pairs) const;
   void index_links();
   struct LinkSpan {
     const int* b;
