@@ -47,8 +47,10 @@ _TARGETS = ((1, 1), (513, 512), (129, 128))
 # step, the test sweep and 9 more seeded sweeps of 300): with one slot per GPU above
 # _GREEDY_MAX_GPUS GPUs the cut candidates never beat the greedy (they are skipped there: the
 # greedy always runs), and with 4+ slots above it T and 129/128 give the same best max load on
-# every input as all three targets.
+# every input as all three targets; up to _GREEDY_MAX_GPUS GPUs (where the greedy runs at any
+# slot count) T alone does.
 _TARGETS_4SLOTS = ((1, 1), (129, 128))
+_TARGETS_SMALL = ((1, 1),)
 # The sequential greedy costs R steps of ~20 small ops: it always runs with one slot per GPU
 # (where the cuts alone often fail), with more slots only up to this many GPUs.
 _GREEDY_MAX_GPUS = 16
@@ -289,7 +291,7 @@ class TopoEPPlanner:
 
     def _cut_targets(self):
         if self.R <= _GREEDY_MAX_GPUS:
-            return _TARGETS
+            return _TARGETS_SMALL
         return () if self.S == 1 else _TARGETS_4SLOTS if self.S >= 4 else _TARGETS
 
     def _build_consts(self, device):
