@@ -56,6 +56,9 @@ constexpr double kLinkGreedyWork = 65536.0;
 // Split peer rounds: pairs whose busiest link carries at least this share of the busiest link's
 // load are placed first.
 constexpr double kHotShare = 0.5;
+// Past kMaxSimulatedRanks ranks at most this many fused candidates are bounded (each bound is a
+// pass over the plan's transfers), best floor first.
+constexpr int kFusedBoundPasses = 2;
 // Past kMaxSimulatedRanks ranks fused runs are bounded up to this many channel phases, and all
 // in one (each merge factor's bound costs a pass over the plan).
 constexpr int kMaxMergeManyRanks = 8;
@@ -154,8 +157,10 @@ void Scheduler::validate_demand(const std::vector<int64_t>& demand) const {
 
 // Pairs crossing the most loaded links (relative to capacity) are served first: they decide
 // the completion time, so every phase should keep those links busy.
-std::vector<double> Scheduler::pair_urgency(const std::vector<int64_t>& demand, double* bound_s) const {
-  std::vector<double> load(link_bw_.size(), 0.0);
+std::vector<double> Scheduler::pair_urgency(const std::vector<int64_t>& demand, double* bound_s,
+                                            std::vector<double>* load_out) const {
+  std::vector<double>& load = *load_out;
+  load.assign(link_bw_.size(), 0.0);
   for (size_t p = 0; p < demand.size(); ++p)
     if (static_cast<int>(p) / n_ != static_cast<int>(p) % n_ && demand[p] > 0)
       for (int l : links_of(p)) load[l] += static_cast<double>(demand[p]);
@@ -738,39 +743,41 @@ Scheduler::Decomposition Scheduler::split_peer_decomposition(const std::vector<i
                                                              const std::vector<double>& weight) const {
   Decomposition dec;
   dec.family = kSplitPeer;
+  std::vector<int> order;  // placement order: hot pairs, then the others, each in round order
+  order.reserve(demand.size());
+  for (int hot = 1; hot >= 0; --hot)
+    for (int k = 1; k < n_; ++k)
+      for (int s = 0, d = k; s < n_; ++s, d = d + 1 == n_ ? 0 : d + 1) {
+        const int p = s * n_ + d;
+        if (demand[p] > 0 && (weight[p] >= kMinWeight + kHotShare) == (hot == 1)) order.push_back(p);
+      }
   const size_t links = link_bw_.size();
   size_t words = 1;
   std::vector<uint64_t> used(links * words, 0);  // link-major: used[l * words + w]
-  std::vector<uint64_t> taken;
-  for (int hot = 1; hot >= 0; --hot)
-    for (int k = 1; k < n_; ++k)
-      for (int s = 0; s < n_; ++s) {
-        const int p = s * n_ + (s + k) % n_;
-        if (demand[p] <= 0 || (weight[p] >= kMinWeight + kHotShare) != (hot == 1)) continue;
-        taken.assign(words, 0);
-        for (int l : links_of(p))
-          for (size_t w = 0; w < words; ++w) taken[w] |= used[l * words + w];
-        size_t j = words * 64;
-        for (size_t w = 0; w < words; ++w)
-          if (~taken[w] != 0) {
-            j = w * 64 + static_cast<size_t>(__builtin_ctzll(~taken[w]));
-            break;
-          }
-        if (j >= words * 64) {  // grow the bit sets
-          std::vector<uint64_t> wider(links * (words + 1), 0);
-          for (size_t l = 0; l < links; ++l)
-            for (size_t w = 0; w < words; ++w) wider[l * (words + 1) + w] = used[l * words + w];
-          used.swap(wider);
-          ++words;
-        }
-        for (int l : links_of(p)) used[l * words + j / 64] |= uint64_t{1} << (j % 64);
-        while (dec.pairs.size() <= j) {
-          dec.pairs.emplace_back();
-          dec.bytes.emplace_back();
-        }
-        dec.pairs[j].push_back(p);
-        dec.bytes[j].push_back(demand[p]);
-      }
+  for (int p : order) {
+    size_t j = words * 64;
+    for (size_t w = 0; w < words && j == words * 64; ++w) {
+      uint64_t taken = 0;
+      for (int l : links_of(p)) taken |= used[l * words + w];
+      if (~taken != 0) j = w * 64 + static_cast<size_t>(__builtin_ctzll(~taken));
+    }
+    if (j >= words * 64) {  // grow the bit sets
+      std::vector<uint64_t> wider(links * (words + 1), 0);
+      for (size_t l = 0; l < links; ++l)
+        for (size_t w = 0; w < words; ++w) wider[l * (words + 1) + w] = used[l * words + w];
+      used.swap(wider);
+      ++words;
+    }
+    for (int l : links_of(p)) used[l * words + j / 64] |= uint64_t{1} << (j % 64);
+    while (dec.pairs.size() <= j) {
+      dec.pairs.emplace_back();
+      dec.bytes.emplace_back();
+      dec.pairs.back().reserve(static_cast<size_t>(n_));
+      dec.bytes.back().reserve(static_cast<size_t>(n_));
+    }
+    dec.pairs[j].push_back(p);
+    dec.bytes[j].push_back(demand[p]);
+  }
   return dec;
 }
 
@@ -841,37 +848,42 @@ void Scheduler::other_decompositions(const std::vector<int64_t>& demand, const s
 // phase the t-th largest transfer on l is delivered while at least t share it, at bandwidth *
 // eta(t) at most; rank t holds at most P * b bytes over the plan.  Minimised over P.  Without
 // eta (fluid, copy engines) this is one start latency plus l's time, the plain bound.
-double Scheduler::plan_floor(const std::vector<int64_t>& demand, double bound_s, int* hot_pairs) const {
-  std::vector<double> load(link_bw_.size(), 0.0);
-  for (size_t p = 0; p < demand.size(); ++p)
-    if (static_cast<int>(p) / n_ != static_cast<int>(p) % n_ && demand[p] > 0)
-      for (int l : links_of(p)) load[l] += static_cast<double>(demand[p]);
+double Scheduler::plan_floor(const std::vector<int64_t>& demand, const std::vector<double>& load, double bound_s,
+                             HotLink* hot_link) const {
   int hot = 0;
   for (size_t l = 1; l < load.size(); ++l)
     if (load[l] / link_bw_[l] > load[hot] / link_bw_[hot]) hot = static_cast<int>(l);
-  int pairs = 0;
-  double biggest = 0.0;
+  HotLink h;
+  h.load = load[hot];
+  h.bw = link_bw_[hot];
+  h.bound_s = bound_s;
   for (size_t p = 0; p < demand.size(); ++p) {
     if (static_cast<int>(p) / n_ == static_cast<int>(p) % n_ || demand[p] <= 0) continue;
     for (int l : links_of(p))
       if (l == hot) {
-        ++pairs;
-        biggest = std::max(biggest, static_cast<double>(demand[p]));
+        ++h.pairs;
+        h.biggest = std::max(h.biggest, static_cast<double>(demand[p]));
       }
   }
-  if (hot_pairs) *hot_pairs = pairs;
-  if (model_.eta_beta <= 0.0 || pairs == 0) return latency_s_ + bound_s;
+  if (hot_link) *hot_link = h;
+  if (model_.eta_beta <= 0.0 || h.pairs == 0) return latency_s_ + bound_s;
   double best = std::numeric_limits<double>::infinity();
-  for (int phases = 1; phases <= pairs; ++phases) {
-    double left = load[hot], cost = phases * latency_s_;
-    for (int rank = 1; left > 0.0 && cost < best; ++rank) {
-      const double take = std::min(left, phases * biggest);
-      cost += take / (link_bw_[hot] * eta(rank));
-      left -= take;
-    }
-    best = std::min(best, cost);
-  }
+  for (int phases = 1; phases <= h.pairs; ++phases) best = std::min(best, floor_at(h, phases, best));
   return std::max(best, latency_s_ + bound_s);
+}
+
+// The plan floor for plans of exactly `phases` phases (see plan_floor(); a plan with fewer
+// phases on the hot link pays at least as much).  Stops adding once `stop` is reached.
+double Scheduler::floor_at(const HotLink& h, int phases, double stop) const {
+  const double plain = phases * latency_s_ + h.bound_s;
+  if (model_.eta_beta <= 0.0 || h.pairs == 0) return plain;
+  double left = h.load, cost = phases * latency_s_;
+  for (int rank = 1; left > 0.0 && cost < stop; ++rank) {
+    const double take = std::min(left, phases * h.biggest);
+    cost += take / (h.bw * eta(rank));
+    left -= take;
+  }
+  return std::max(cost, plain);
 }
 
 // Whether the event model may cost `dec` fused by `merge`: its work grows with the flows of a
@@ -909,13 +921,15 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
   if (info) *info = PlanInfo{};
   if (top == 0) return {};
   double bound_s = 0.0;
-  const std::vector<double> weight = pair_urgency(demand, &bound_s);
+  std::vector<double> load;  // bytes per link
+  const std::vector<double> weight = pair_urgency(demand, &bound_s, &load);
   const std::vector<int64_t> qs = quanta(top, bound_s);
   std::vector<Decomposition> decs;
   // No plan costs less than plan_floor(): an exact link-greedy plan within kGoodEnough of it is
   // taken without building the others.
-  int hot_pairs = 0;
-  const double floor_s = plan_floor(demand, bound_s, &hot_pairs);
+  HotLink hot;
+  const double floor_s = plan_floor(demand, load, bound_s, &hot);
+  const int hot_pairs = hot.pairs;
   double best_exact = std::numeric_limits<double>::infinity();
   // Past kMaxSimulatedRanks ranks the link-greedy pass runs only within its work budget; split
   // peer rounds stand in for it.
@@ -983,33 +997,35 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
   // found cannot win and is not bounded; the direct plan goes first (usually the best at small
   // sizes, where the fused runs' latencies decide).
   const bool prune = n_ > kMaxSimulatedRanks;
+  std::vector<Candidate> fused;
   double best_bound = std::numeric_limits<double>::infinity();
   std::vector<size_t> dec_order(decs.size());
   for (size_t d = 0; d < decs.size(); ++d) {
     dec_order[d] = d;
     if (decs[d].have1) best_bound = std::min(best_bound, decs[d].bound1);
   }
-  if (prune)
-    std::stable_partition(dec_order.begin(), dec_order.end(), [&](size_t d) { return decs[d].family == kDirect; });
+  if (prune)  // already bounded (the exact link-greedy or split plan) first, then direct
+    std::stable_partition(dec_order.begin(), dec_order.end(),
+                          [&](size_t d) { return decs[d].have1 || decs[d].family == kDirect; });
   for (size_t d : dec_order) {
     const int count = static_cast<int>(decs[d].pairs.size());
     if (prune) {
-      // Unfused first (bound usually known), then one phase, 8, 4, 2 (fewer groups first: their
-      // latency floor is lowest, so the best bound drops early and prunes the rest).
-      bool exact = true;
-      const double b1 = decs[d].have1 ? decs[d].bound1 : merged_bound(decs[d], 1, &ls, &exact, nullptr);
-      if (decs[d].have1) exact = decs[d].exact1;
-      const bool reference = decs[d].family == kPeerRounds || decs[d].family == kDirect;
-      cands.push_back({b1, static_cast<int>(d), 1, exact, reference});
-      best_bound = std::min(best_bound, b1);
+      // Unfused plans now (those whose floor cannot beat the best bound are left out); fused runs
+      // below, best first.
+      const double floor1 = decs[d].have1 ? decs[d].bound1 : floor_at(hot, count, best_bound);
+      double b1 = floor1;  // the unfused bound, or its floor when that cannot win
+      if (decs[d].have1 || floor1 < best_bound) {
+        bool exact = true;
+        if (!decs[d].have1) b1 = merged_bound(decs[d], 1, &ls, &exact, nullptr);
+        if (decs[d].have1) exact = decs[d].exact1;
+        const bool reference = decs[d].family == kPeerRounds || decs[d].family == kDirect;
+        cands.push_back({b1, static_cast<int>(d), 1, exact, reference});
+        best_bound = std::min(best_bound, b1);
+      }
       if (count == 1 || !worth_fusing(count, b1)) continue;
       for (int m : {count, kMaxMergeManyRanks, 4, 2}) {
         if (m >= count && (m != count || skip_all)) continue;
-        if (static_cast<double>((count + m - 1) / m) * latency_s_ + bound_s >= best_bound) continue;
-        bool ex = true;
-        const double bound = merged_bound(decs[d], m, &ls, &ex, nullptr);
-        cands.push_back({bound, static_cast<int>(d), m, ex, false});
-        best_bound = std::min(best_bound, bound);
+        fused.push_back({floor_at(hot, (count + m - 1) / m, std::numeric_limits<double>::infinity()), static_cast<int>(d), m, false, false});
       }
       continue;
     }
@@ -1054,6 +1070,21 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
       // order.  (With several hosts they do win.)
       if (model_.copy_engines > 0 && model_.eta_beta <= 0.0 && n_ <= kCatalogMaxRanks)
         merge = std::max(merge, count / 2 + 1);
+    }
+  }
+  if (prune) {
+    // Fused runs in increasing order of their latency-aware floor (floor_at(), a lower bound on
+    // their bound); stop when the floor reaches the best bound, or when the deterministic budget
+    // of kFusedBoundPasses passes over the transfers is spent.
+    std::sort(fused.begin(), fused.end());
+    int passes = 0;
+    for (const Candidate& f : fused) {
+      if (f.bound >= best_bound || passes >= kFusedBoundPasses) break;
+      bool ex = true;
+      const double bound = merged_bound(decs[f.dec], f.merge, &ls, &ex, nullptr);
+      ++passes;
+      cands.push_back({bound, f.dec, f.merge, ex, false});
+      best_bound = std::min(best_bound, bound);
     }
   }
   std::sort(cands.begin(), cands.end());

@@ -73,7 +73,7 @@ class Scheduler {
 
  private:
   void validate_demand(const std::vector<int64_t>& demand) const;
-  std::vector<double> pair_urgency(const std::vector<int64_t>& demand, double* bound_s) const;
+  std::vector<double> pair_urgency(const std::vector<int64_t>& demand, double* bound_s, std::vector<double>* load) const;
   std::vector<std::vector<int>> decompose(const std::vector<int64_t>& demand,
                                           const std::vector<double>& weight, int64_t quantum, bool scale_by_rate,
                                           std::vector<std::vector<int64_t>>* bytes) const;
@@ -112,7 +112,13 @@ class Scheduler {
   void reset_scratch(LinkScratch* ls) const;
   bool worth_fusing(int phases, double unfused_bound) const;
   bool affordable(const Decomposition& dec, int merge) const;
-  double plan_floor(const std::vector<int64_t>& demand, double bound_s, int* hot_pairs) const;
+  // The most loaded link, for plan_floor() and floor_at().
+  struct HotLink {
+    double load = 0.0, biggest = 0.0, bw = 1.0, bound_s = 0.0;
+    int pairs = 0;
+  };
+  double plan_floor(const std::vector<int64_t>& demand, const std::vector<double>& load, double bound_s, HotLink* hot) const;
+  double floor_at(const HotLink& hot, int phases, double stop) const;
   void index_links();
   struct LinkSpan {
     const int* b;
