@@ -939,6 +939,17 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
                          (n_ <= kMaxSimulatedRanks || static_cast<double>(hot_pairs) * static_cast<double>(active_pairs) <= kLinkGreedyWork);
   const bool split_pass = (candidates_ & (kLinkGreedy | kPeerRounds)) && n_ > kMaxSimulatedRanks && !link_pass;
   LinkScratch ls(link_bw_.size(), pair_links_.size(), static_cast<size_t>(n_));
+  // Without eta or copy-engine queues one phase with the whole demand costs the plan floor (see
+  // below); an unfused link-greedy or split plan has at least as many phases as the hot link has
+  // pairs, so when their start latencies alone exceed kGoodEnough of the floor none of those
+  // plans can be taken early, and the one-phase plan is returned without building them.
+  const bool plain_model = model_.eta_beta <= 0.0 && model_.copy_engines == 0;
+  if (plain_model && (candidates_ & kDirect) &&
+      static_cast<double>(hot.pairs) * latency_s_ + bound_s > (1.0 + kGoodEnough) * floor_s) {
+    Decomposition dec = direct_decomposition(demand);
+    if (info) *info = PlanInfo{floor_s, 1, 1, 0.0, 0, dec.family, 1, 0};
+    return materialize(dec.pairs, dec.bytes, 1);
+  }
   std::vector<int64_t> passes = link_pass ? link_passes(qs, top) : std::vector<int64_t>{};
   if (split_pass) passes.push_back(-1);
   for (int64_t q : passes) {
