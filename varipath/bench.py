@@ -130,22 +130,43 @@ def markdown_summary(records: List[dict]) -> str:
     return "\n".join(lines)
 
 
-def planning_table(presets: Sequence[str], host_counts: Sequence[int], repeats: int, out=None) -> List[dict]:
-    """Median / best C++ planning time for uniform and MoE demand at several rank counts."""
+def planning_table(presets: Sequence[str], host_counts: Sequence[int], repeats: int, out=None,
+                   sizes: Sequence[int] = (MB, 16 * MB, 64 * MB, 1 << 30), models: Sequence[str] = MODELS,
+                   big_sizes: Sequence[int] = (MB, 64 * MB), traffics: Sequence[str] = ("uniform", "moe-top2")
+                   ) -> List[dict]:
+    """Median / best C++ planning time (``plan_time_us``: ``repeats`` calls timed in C++) for each
+    rank count, model, traffic and size per rank; 256+ ranks only at ``big_sizes``.  One row per
+    (preset, ranks, model, traffic), one ``median/min`` column per size, in microseconds."""
+    import os
+
     out = out or sys.stdout
     rows = []
-    print(f"{'preset':14s} {'ranks':>5s} {'traffic':9s} {'channels':>8s} {'median us':>9s} {'min us':>8s}", file=out)
+    all_sizes = sorted(set(sizes) | set(big_sizes))
+    print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}; "
+          f"median/min of {repeats} in us", file=out)
+    print(f"{'preset':14s} {'ranks':>5s} {'model':10s} {'traffic':9s} "
+          + " ".join(f"{_fmt_size(sz):>15s}" for sz in all_sizes), file=out)
     for name in presets:
         for h in host_counts:
             topo = Topology.preset(name, h)
-            sched = scheduler_for(topo, "contention")
-            for traffic in ("uniform", "moe-top2"):
-                flat = check_demand(make(traffic, topo.num_gpus, 64 * MB), topo.num_gpus).ravel().tolist()
-                times = [sched.plan_time_us(flat, 1) for _ in range(repeats)]
-                med, best = sorted(times)[len(times) // 2], min(times)
-                rows.append({"preset": name, "ranks": topo.num_gpus, "traffic": traffic,
-                             "channels": sched.num_channels, "median_us": med, "min_us": best})
-                print(f"{name:14s} {topo.num_gpus:5d} {traffic:9s} {sched.num_channels:8d} {med:9.1f} {best:8.1f}", file=out)
+            n = topo.num_gpus
+            for model in models:
+                sched = scheduler_for(topo, model)
+                for traffic in traffics:
+                    cells = []
+                    for sz in all_sizes:
+                        if sz not in (big_sizes if n >= 256 else sizes):
+                            cells.append(f"{'-':>15s}")
+                            continue
+                        flat = check_demand(make(traffic, n, sz), n).ravel().tolist()
+                        sched.plan(flat)  # warm-up
+                        times = [sched.plan_time_us(flat, 1) for _ in range(repeats)]
+                        med, best = sorted(times)[len(times) // 2], min(times)
+                        rows.append({"preset": name, "ranks": n, "model": model, "traffic": traffic,
+                                     "bytes_per_rank": sz, "channels": sched.num_channels,
+                                     "median_us": med, "min_us": best})
+                        cells.append(f"{med:>7.0f}/{best:<7.0f}" if med >= 1000 else f"{med:>7.1f}/{best:<7.1f}")
+                    print(f"{name:14s} {n:5d} {model:10s} {traffic:9s} " + " ".join(cells), file=out)
     return rows
 
 
@@ -192,6 +213,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--plan-repeats", type=int, default=21)
     ap.add_argument("--catalog", action="store_true", help="also print catalog sizes (1/2/4/32 hosts)")
     ap.add_argument("--no-planning", action="store_true", help="skip the planning-time table")
+    ap.add_argument("--planning-only", action="store_true", help="only the planning-time table (no simulation)")
+    ap.add_argument("--planning-hosts", default="1,8,32",
+                    help="host counts of the planning table (gen4-4sw-2skt: 8, 64, 256 ranks)")
+    ap.add_argument("--planning-sizes", default="1M,16M,64M,1G",
+                    help="sizes per rank of the planning table below 256 ranks (256+: 1M,64M)")
+    ap.add_argument("--planning-presets", default="gen4-4sw-2skt")
     ap.add_argument("--markdown", action="store_true", help="also print the condensed markdown summary")
     ap.add_argument("--from-json", help="re-render tables from a --json file instead of simulating")
     args = ap.parse_args(argv)
@@ -215,8 +242,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{r['preset']:14s} hosts={r['hosts']:3d} all={r['channels_all']:.4g} reps={r['channels_reps']} "
                   f"working_set={r['working_set']} build_s={r['build_s']:.2f} load_s={r['load_s']:.3f}")
     if not args.no_planning:
-        print("\n## planning time (C++, median of repeats)")
-        planning_table(["gen4-4sw-2skt"], [1, 8, 32] if not args.quick else [1, 8], args.plan_repeats)
+        print("\n## planning time (C++, median/min of repeats, us)")
+        planning_table(args.planning_presets.split(","),
+                       [1, 8] if args.quick else [int(h) for h in args.planning_hosts.split(",")],
+                       args.plan_repeats, sizes=_sizes(args.planning_sizes),
+                       models=args.models.split(","))
+        if args.planning_only:
+            return 0
     records: List[dict] = []
     print("\n## simulated completion time")
     for name in presets:
