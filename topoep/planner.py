@@ -498,37 +498,38 @@ def _greedy(c: torch.Tensor, L: torch.Tensor, T: torch.Tensor, m: int, slots: in
     # W: room below the target of every GPU that still has a free slot, 0 for a full GPU.
     # A full GPU never has negative room (it took at most its room, and can only give
     # since), so it is never a productive donor; the donor is W's argmin when negative, the
-    # receiver W's argmax when positive, and one tensor serves both.
-    W = T[:, None] - L  # [B, R]
+    # receiver W's argmax when positive, and one tensor serves both. [B, 1, R] and keepdim
+    # reductions: every per-step index and value is [B, 1, 1], no views in the loop.
+    W = (T[:, None] - L)[:, None, :]
     used = torch.zeros_like(W) if slots > 1 else None  # slots filled per GPU
     rs, ds, js, amts, slot = [], [], [], [], []
     for _ in range(R):
-        rd, d = W.min(1, keepdim=True)  # the most loaded GPU (first: the lower id)
-        s, r = W.max(1, keepdim=True)  # the GPU with a free slot and the most room
-        di = d[:, :, None].expand(B, 1, m)
+        rd, d = W.min(2, keepdim=True)  # the most loaded GPU (first: the lower id)
+        s, r = W.max(2, keepdim=True)  # the GPU with a free slot and the most room
+        di = d.expand(B, 1, m)
         row = rem.gather(1, di)  # the donor's home experts
-        top, j = row.max(2)  # its largest remaining one
+        top, j = row.max(2, keepdim=True)  # its largest remaining one
         amt = torch.minimum(top, s).clamp_(min=0).mul_(rd < 0)
         if min_piece > 1:  # too small to be worth copying an expert's weights
             amt = amt * (amt >= min_piece)
-        row.scatter_add_(2, j[:, :, None], amt.neg()[:, :, None])
+        row.scatter_add_(2, j, amt.neg())
         rem.scatter_(1, di, row)
         if used is None:  # one slot: the receiver is full once it took something
-            W.scatter_(1, r, s * (amt == 0))
+            W.scatter_(2, r, s * (amt == 0))
         else:
-            u = used.gather(1, r)
+            u = used.gather(2, r)
             slot.append(u)
             moved = amt.clamp(max=1)
-            W.scatter_(1, r, (s - amt) * (u + moved < slots))
-            used.scatter_add_(1, r, moved)
-        W.scatter_add_(1, d, amt)
+            W.scatter_(2, r, (s - amt) * (u + moved < slots))
+            used.scatter_add_(2, r, moved)
+        W.scatter_add_(2, d, amt)
         rs.append(r)
         ds.append(d)
         js.append(j)
         amts.append(amt)
-    r, d, j, amt = torch.cat(rs, 1), torch.cat(ds, 1), torch.cat(js, 1), torch.cat(amts, 1)
+    r, d, j, amt = (torch.cat(x, 2).view(B, R) for x in (rs, ds, js, amts))
     # the slot each step filled (a spare column R * slots where it moved nothing)
-    dst = r if used is None else r * slots + torch.cat(slot, 1)
+    dst = r if used is None else r * slots + torch.cat(slot, 2).view(B, R)
     dst = torch.where(amt > 0, dst, R * slots)
     expert = torch.full((B, R * slots + 1), -1, dtype=torch.long, device=c.device).scatter_(
         1, dst, d * m + j)
