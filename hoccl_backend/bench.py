@@ -166,7 +166,21 @@ def memcpy_bandwidth(nbytes: int = 64 << 20) -> float:
     return nbytes * reps / (time.perf_counter() - start) / 1e9
 
 
-def print_table(rows: list[dict], backends: list[str]) -> None:
+def min_copy_bytes(op: str, world: int, nbytes: int) -> int:
+    """Bytes each rank must copy at least: all_reduce reduces its N/W shard from W inputs and
+    gathers the other shards (2N(W-1)/W + N/W); the other ops write their N-byte buffer once."""
+    if op == "all_reduce":
+        return 2 * nbytes * (world - 1) // world + nbytes // world
+    return nbytes
+
+
+def copy_fraction(row: dict, memcpy_GBps: float) -> float:
+    """How close a rank came to copying its minimum bytes at single-core memcpy speed."""
+    seconds = row["time_us"] * 1e-6
+    return min_copy_bytes(row["op"], row["world"], row["bytes"]) / seconds / (memcpy_GBps * 1e9)
+
+
+def print_table(rows: list[dict], backends: list[str], memcpy_GBps: float) -> None:
     keyed = {(r["backend"], r["world"], r["op"], r["bytes"]): r for r in rows}
     worlds = sorted({r["world"] for r in rows})
     ops = [o for o in OPS if any(r["op"] == o for r in rows)]
@@ -178,6 +192,8 @@ def print_table(rows: list[dict], backends: list[str]) -> None:
                 head += f" | {b + ' us':>11s} {'algbw':>7s} {'busbw':>7s}"
             if "hoccl" in backends and "gloo" in backends:
                 head += " | busbw x gloo"
+            if "hoccl" in backends:
+                head += " | hoccl copy%"
             print(head)
             sizes = sorted({r["bytes"] for r in rows if r["world"] == world and r["op"] == op})
             for nbytes in sizes:
@@ -188,8 +204,27 @@ def print_table(rows: list[dict], backends: list[str]) -> None:
                              else " | " + " " * 27)
                 h, g = keyed.get(("hoccl", world, op, nbytes)), keyed.get(("gloo", world, op, nbytes))
                 if h and g:
-                    line += f" | {h['busbw_GBps'] / g['busbw_GBps']:10.2f}x"
+                    line += f" | {h['busbw_GBps'] / g['busbw_GBps']:11.2f}x"
+                if h:
+                    line += f" | {100 * copy_fraction(h, memcpy_GBps):10.0f}%"
                 print(line)
+
+
+def print_markdown(rows: list[dict], memcpy_GBps: float) -> None:
+    """The README's table: hoccl beside gloo, one table per world size."""
+    keyed = {(r["backend"], r["world"], r["op"], r["bytes"]): r for r in rows}
+    for world in sorted({r["world"] for r in rows}):
+        print(f"\n**world {world}** (single-core memcpy {memcpy_GBps:.2f} GB/s in this run)\n")
+        print("| op | bytes | hoccl µs | hoccl busbw | gloo µs | gloo busbw | hoccl ÷ gloo | copy % |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|")
+        for op in OPS:
+            for nbytes in sorted({r["bytes"] for r in rows if r["world"] == world and r["op"] == op}):
+                h, g = keyed.get(("hoccl", world, op, nbytes)), keyed.get(("gloo", world, op, nbytes))
+                if not (h and g):
+                    continue
+                print(f"| {op} | {nbytes} | {h['time_us']:.1f} | {h['busbw_GBps']:.3f} | {g['time_us']:.1f} | "
+                      f"{g['busbw_GBps']:.3f} | {h['busbw_GBps'] / g['busbw_GBps']:.2f}x | "
+                      f"{100 * copy_fraction(h, memcpy_GBps):.0f}% |")
 
 
 def plot(rows: list[dict], path: str) -> None:
@@ -228,6 +263,7 @@ def main(argv=None) -> int:
     parser.add_argument("--plot", default=None, help="write a PNG of busbw vs size")
     parser.add_argument("--rounds", type=int, default=5,
                         help="timing rounds per (op, size); backends alternate round by round (default 5)")
+    parser.add_argument("--markdown", action="store_true", help="also print the README's markdown table")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--overlap", action="store_true", help="GPU: GEMM throughput under communication")
     args, rest = parser.parse_known_args(argv)
@@ -245,14 +281,20 @@ def main(argv=None) -> int:
             parser.error(f"unknown op {op!r}; choose from {OPS}")
     sizes = [parse_size(s) for s in args.sizes.split(",")] if args.sizes else DEFAULT_SIZES
     rows = []
+    before = memcpy_bandwidth()
     for world in worlds:
         rows += run_world(backends, world, ops, sizes, args.rounds, show_progress=not args.no_progress)
-    mc = memcpy_bandwidth()
-    print(f"# machine: {os.cpu_count()} cores; single-core memcpy {mc:.2f} GB/s")
-    print_table(rows, backends)
+    after = memcpy_bandwidth()
+    mc = (before + after) / 2
+    load = " ".join(f"{v:.2f}" for v in os.getloadavg())
+    print(f"# machine: {os.cpu_count()} cores; single-core memcpy {mc:.2f} GB/s "
+          f"(before {before:.2f}, after {after:.2f}); load average {load}")
+    print_table(rows, backends, mc)
+    if args.markdown and "hoccl" in backends and "gloo" in backends:
+        print_markdown(rows, mc)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"memcpy_GBps": mc, "rows": rows}, f, indent=1)
+            json.dump({"memcpy_GBps": mc, "memcpy_before_after_GBps": [before, after], "rows": rows}, f, indent=1)
     if args.plot:
         plot(rows, args.plot)
         print(f"plot written to {args.plot}")
