@@ -937,7 +937,7 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
   for (size_t p = 0; p < demand.size(); ++p) active_pairs += static_cast<int>(p) / n_ != static_cast<int>(p) % n_ && demand[p] > 0;
   const bool link_pass = (candidates_ & kLinkGreedy) &&
                          (n_ <= kMaxSimulatedRanks || static_cast<double>(hot_pairs) * static_cast<double>(active_pairs) <= kLinkGreedyWork);
-  const bool split_pass = (candidates_ & (kLinkGreedy | kPeerRounds)) && n_ > kMaxSimulatedRanks && !link_pass;
+  const bool split_pass = (candidates_ & kLinkGreedy) && n_ > kMaxSimulatedRanks && !link_pass;
   LinkScratch ls(link_bw_.size(), pair_links_.size(), static_cast<size_t>(n_));
   // Without eta or copy-engine queues one phase with the whole demand costs the plan floor (see
   // below); an unfused link-greedy or split plan has at least as many phases as the hot link has
