@@ -100,6 +100,28 @@ def test_custom_placement_is_a_relabelling(hosts, gpus, e, slots):
         assert torch.equal(p.tokens[:, sigma], q.tokens)
 
 
+@pytest.mark.parametrize("hosts,gpus,e,slots,min_piece,custom", [
+    (1, 4, 16, 1, 1, False), (2, 4, 32, 2, 1, True), (8, 8, 256, 2, 1, False),
+    (4, 8, 128, 1, 1, False), (2, 8, 64, 4, 20, False), (2, 2, 8, 3, 1, True)])
+def test_traced_plan_equals_eager(hosts, gpus, e, slots, min_piece, custom):
+    """From the second call the planner replays a torch.jit.trace recording of its ops: it
+    must give bitwise the plans of the eager planner, for every input."""
+    gen = torch.Generator().manual_seed(hosts + gpus + e + slots)
+    r = hosts * gpus
+    placement = ((torch.arange(e) // (e // r))[torch.randperm(e, generator=gen)] if custom
+                 else None)
+    eager = TopoEPPlanner(e, hosts, gpus, slots, placement, min_piece=min_piece, jit=False)
+    traced = TopoEPPlanner(e, hosts, gpus, slots, placement, min_piece=min_piece)
+    for i, kind in enumerate(("uniform", "hot", "sparse", "hot", "uniform")):
+        counts = random_counts(gen, r, e, kind) * (i + 1)
+        a, b = eager(counts), traced(counts)
+        for name in ("slot_expert", "slot_tokens", "load", "home_load", "flow", "copy_index",
+                     "copy_tokens", "expert_gpu"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), (i, name)
+    assert traced._traced and not eager._traced  # the replay really ran
+    assert not b.flow.is_inference() and not b.slot_expert.is_inference()
+
+
 class NoHostSync(TorchDispatchMode):
     """Raises on any op that reads device data on the host or has data-dependent shape."""
 
@@ -139,6 +161,11 @@ def test_no_host_sync():
             p.imbalance()
             p.cross_host_fraction()
         assert "sort" in mode.ops  # the mode really saw the planner's ops
+        planner(counts)  # second call: traced, then replayed
+        assert planner._traced
+        with NoHostSync() as mode:
+            planner(counts)  # the replayed recording: the same ops, seen by the mode
+        assert "sort" in mode.ops
         with NoHostSync():
             topoep.plan(counts, hosts, gpus, slots)  # default placement: no checks needing sync
 
