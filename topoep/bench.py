@@ -1,6 +1,6 @@
 """TopoEP benchmark: imbalance, cross-host token fraction and planner time.
 
-    python -m topoep.bench [--quick] [--slots 2] [--json FILE]
+    python -m topoep.bench [--quick] [--slots 2] [--json FILE] [--no-jit]
 
 For skewed synthetic routing (Zipf s = 0.8/1.2/1.6, "X% of tokens to 4 hot experts" for
 X = 30/50/80/95, drifting skew over 8 steps), 64 and 256 experts, 8/16/64 GPUs on 1/2/8 hosts,
@@ -8,6 +8,8 @@ it compares no balancing, the EPLB-style baseline (same replica budget: E + R * 
 experts) and TopoEP. imbalance = max GPU load / mean GPU load (balancedness = 1 / imbalance);
 drifting cases report the mean over steps. plan_ms is TopoEP's planner time on CPU (median;
 one thread), also on GPU when one is present; the EPLB column times its host reference code.
+The planner object is reused as in training, so from its second call it replays the traced
+plan (``--no-jit``: eager every call); the one-time trace is not in plan_ms.
 """
 from __future__ import annotations
 
@@ -42,14 +44,14 @@ def _time_ms(fn, repeats: int, sync=None, clock=time.perf_counter) -> float:
 
 
 def run(slots: int = 2, quick: bool = False, per_rank: int = 8192, seed: int = 0,
-        progress=True) -> list[dict]:
+        progress=True, jit: bool = True) -> list[dict]:
     torch.set_num_threads(1)
     has_gpu = torch.cuda.is_available()
     records = []
     cases = [(e, r, h) for e in EXPERTS for r, h in TOPOLOGIES]
     for ci, (e, r, h) in enumerate(cases):
         g = r // h
-        planner = TopoEPPlanner(e, h, g, slots)
+        planner = TopoEPPlanner(e, h, g, slots, jit=jit)
         for name, steps in traffic_cases(r, e, seed, per_rank):
             if quick and name == "drift":
                 steps = steps[:3]
@@ -158,10 +160,14 @@ def main(argv=None) -> int:
                     help="token-expert assignments per rank (default 8192)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", metavar="FILE", help="write one record per case and method")
+    ap.add_argument("--no-jit", dest="jit", action="store_false",
+                    help="plan eagerly every call (default: replay the traced plan from the "
+                         "second call, as a reused TopoEPPlanner does)")
     args = ap.parse_args(argv)
     t0 = time.time()
-    records = run(args.slots, args.quick, args.tokens, args.seed)
+    records = run(args.slots, args.quick, args.tokens, args.seed, jit=args.jit)
     print(f"# TopoEP bench: slots/GPU={args.slots}, {args.tokens} assignments/rank, "
+          f"planner {'traced (jit)' if args.jit else 'eager'}, "
           f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
           f"{time.strftime('%Y-%m-%d')}")
     print(table(records))
