@@ -539,7 +539,9 @@ def _greedy(c: torch.Tensor, L: torch.Tensor, T: torch.Tensor, R: int, B: int, m
         di = d.expand(B, 1, m)
         row = rem.gather(1, di)  # the donor's home experts
         top, j = row.max(2, keepdim=True)  # its largest remaining one
-        amt = torch.minimum(top, s).clamp_(min=0).mul_(rd < 0)
+        # (s >= 0 always: W sums to >= R*T - total >= 0 and only drops when a GPU turns full,
+        # to 0, so the most room is never negative, and neither is amt)
+        amt = torch.minimum(top, s).mul_(rd < 0)
         if min_piece > 1:  # too small to be worth copying an expert's weights
             amt = amt * (amt >= min_piece)
         row.scatter_add_(2, j, amt.neg())
