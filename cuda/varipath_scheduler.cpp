@@ -658,7 +658,22 @@ double Scheduler::merged_bound(const Decomposition& dec, int merge, LinkScratch*
   for (size_t start = 0; start < dec.pairs.size(); start += merge) {
     const size_t stop = std::min(dec.pairs.size(), start + static_cast<size_t>(merge));
     for (size_t i = start; i < stop; ++i)
-      for (size_t k = 0; k < dec.pairs[i].size(); ++k) add_transfer(ls, dec.pairs[i][k], dec.bytes[i][k], true);
+      for (size_t k = 0; k < dec.pairs[i].size(); ++k) {
+        const int p = dec.pairs[i][k];
+        if (!dec.unique) {
+          add_transfer(ls, p, dec.bytes[i][k], true);
+          continue;
+        }
+        // Every pair appears once in the decomposition: a new flow, no slot lookup.
+        const double b = static_cast<double>(dec.bytes[i][k]);
+        ls->flow_pair.push_back(p);
+        ls->flow_bytes.push_back(b);
+        for (int l : links_of(p)) {
+          if (ls->flows[l] == 0 && ls->load[l] == 0.0) ls->touched.push_back(l);
+          ls->load[l] += b;
+          ls->flows[l] += 1;
+        }
+      }
     double worst = 0.0;
     bool shared = false;
     for (int l : ls->touched) {
@@ -720,6 +735,7 @@ double Scheduler::merged_bound(const Decomposition& dec, int merge, LinkScratch*
 Scheduler::Decomposition Scheduler::peer_decomposition(const std::vector<int64_t>& demand) const {
   Decomposition dec;
   dec.family = kPeerRounds;
+  dec.unique = true;
   for (const Phase& ph : peer_rounds(demand)) {
     std::vector<int> pairs;
     std::vector<int64_t> amount;
@@ -743,6 +759,7 @@ Scheduler::Decomposition Scheduler::split_peer_decomposition(const std::vector<i
                                                              const std::vector<double>& weight) const {
   Decomposition dec;
   dec.family = kSplitPeer;
+  dec.unique = true;
   std::vector<int> order;  // placement order: hot pairs, then the others, each in round order
   order.reserve(demand.size());
   for (int hot = 1; hot >= 0; --hot)
@@ -785,6 +802,7 @@ Scheduler::Decomposition Scheduler::split_peer_decomposition(const std::vector<i
 Scheduler::Decomposition Scheduler::direct_decomposition(const std::vector<int64_t>& demand) const {
   Decomposition dec;
   dec.family = kDirect;
+  dec.unique = true;
   dec.pairs.emplace_back();
   dec.bytes.emplace_back();
   for (size_t p = 0; p < demand.size(); ++p)

@@ -96,6 +96,7 @@ class Scheduler {
     std::vector<std::vector<int64_t>> bytes;
     int64_t quantum = 0;
     int family = 0;
+    bool unique = false;                 // every pair in at most one phase (peer, split, direct)
     bool have1 = false, exact1 = false;  // merged_bound(merge 1), when already computed
     double bound1 = 0.0;
     uint64_t sig1 = 0;
