@@ -122,6 +122,21 @@ def test_traced_plan_equals_eager(hosts, gpus, e, slots, min_piece, custom):
     assert not b.flow.is_inference() and not b.slot_expert.is_inference()
 
 
+def test_failed_replay_falls_back_to_eager():
+    counts = hot(16, 64, 0.8)
+    planner = TopoEPPlanner(64, 2, 8, 2)
+    want = planner(counts)
+    planner(counts)
+    assert planner._traced
+
+    def broken(_):
+        raise RuntimeError("replay failed")
+    planner._traced = {k: broken for k in planner._traced}
+    got = planner(counts)
+    assert not planner.jit and not planner._traced
+    assert torch.equal(got.slot_expert, want.slot_expert) and torch.equal(got.flow, want.flow)
+
+
 class NoHostSync(TorchDispatchMode):
     """Raises on any op that reads device data on the host or has data-dependent shape."""
 

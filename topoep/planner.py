@@ -364,10 +364,14 @@ class TopoEPPlanner:
         fn = self._traced.get(key)
         if fn is None and self.jit and key in self._dev_cache and not _dispatch_mode():
             fn = self._trace(counts, key)  # from the second call on a device
-        if fn is None:
-            return self._plan(counts)
-        with torch.jit.optimized_execution(False):  # run the recorded ops as they are
-            return fn(counts)
+        if fn is not None:
+            try:
+                with torch.jit.optimized_execution(False):  # run the recorded ops as they are
+                    return fn(counts)
+            except Exception:  # a replay that fails for any reason: plan eagerly from now on
+                self.jit = False
+                self._traced.clear()
+        return self._plan(counts)
 
     def _trace(self, counts: torch.Tensor, key: str):
         """Record the plan's ops once (fixed shapes, no data-dependent control flow: the
