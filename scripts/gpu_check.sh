@@ -11,6 +11,8 @@
 #               reduction kernel in all_reduce
 #   bandwidth   each path's all_gather vs raw cudaMemcpyAsync of the same bytes (floor 90%)
 #   overlap     python -m hoccl_backend.bench --overlap (GEMM TFLOP/s alone / hoccl / SM copy)
+#   topoep      the planner on CUDA counts: bitwise equal to the CPU plan with torch's sync-debug
+#               mode set to "error"; the quick TopoEP bench (GPU planner time, gpu_bitwise_equal)
 # A failing stage is logged and the script goes on; the exit status is the number of failed stages.
 set -euo pipefail
 
@@ -76,6 +78,9 @@ else
 fi
 stage "overlap benchmark" 120 "${OVERLAP[@]}" --world 2 --gemm 8192 --iters 40 --msg-mb 32 \
   ${OUT:+--json "$OUT/overlap.json"}
+
+stage "topoep gpu plan = cpu plan, no host sync" 120 python -m pytest -q -rs tests/test_topoep_planner.py -k gpu
+stage "topoep bench (gpu planner time)" 150 python -m topoep.bench --quick ${OUT:+--json "$OUT/topoep_gpu.json"}
 
 log "summary: $FAILED stage(s) failed; full log: $LOG"
 grep -E '^\[.*\] --- |PASS|FAIL|TFLOP|ratio' "$LOG" | tail -60 || true

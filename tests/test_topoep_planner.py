@@ -414,3 +414,29 @@ def test_fixed_homes_can_make_eplb_unreachable():
     assert opt == 200 and topoep_space_optimum(totals, 2, 1) == pytest.approx(200)
     assert int(p.load.max()) == opt
     assert eplb_balance(counts.numpy(), 1, 2, 1).gpu_load.max() < 160
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (scripts/gpu_check.sh runs it)")
+@pytest.mark.parametrize("jit", [False, True])
+def test_gpu_plan_bitwise_equals_cpu_without_host_sync(jit):
+    """The issue's contract on a GPU: the plan computed from CUDA counts equals the CPU plan bit
+    for bit, and planning never synchronizes with the host (torch's sync-debug mode raises on
+    .item(), nonzero(), host copies, ...). The first calls build per-device constants and, with
+    jit, record the trace; the checked calls are the steady state a training step sees."""
+    for hosts, gpus, e, slots, counts in ((1, 4, 8, 2, hot(4, 8, 0.8)), (2, 4, 32, 1, zipf(8, 32, 1.2)),
+                                          (8, 8, 256, 2, zipf(64, 256, 1.2)), (8, 8, 256, 4, hot(64, 256, 0.95))):
+        cpu = TopoEPPlanner(e, hosts, gpus, slots, jit=False)(counts)
+        planner = TopoEPPlanner(e, hosts, gpus, slots, jit=jit)
+        on_gpu = counts.cuda()
+        planner(on_gpu)
+        planner(on_gpu)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            plans = [planner(on_gpu) for _ in range(2)]
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        for p in plans:
+            assert p.tokens.is_cuda and p.slot_expert.is_cuda
+            assert torch.equal(p.tokens.cpu(), cpu.tokens), (hosts, gpus, e, slots, jit)
+            assert torch.equal(p.slot_expert.cpu(), cpu.slot_expert), (hosts, gpus, e, slots, jit)
