@@ -57,8 +57,22 @@ constexpr double kLinkGreedyWork = 65536.0;
 // load are placed first.
 constexpr double kHotShare = 0.5;
 // Past kMaxSimulatedRanks ranks at most this many fused candidates are bounded (each bound is a
-// pass over the plan's transfers), best floor first.
+// pass over the plan's transfers), best floor first; one more with copy-engine queues, where the
+// one-phase plan and the runs of 8 peer rounds are both needed (see kQueueMargin).
 constexpr int kFusedBoundPasses = 2;
+constexpr int kFusedBoundPassesQueued = 3;
+// Past kMaxSimulatedRanks ranks candidates are ranked by their bounds, and the bounds of fused
+// phases are optimistic where the event model would see what they miss:
+// - with copy-engine queues, a phase holding all channel phases queues dozens of transfers per
+//   source; its bound (busiest link) ignores how the queues drift out of step, which cost
+//   0-37 % at 64 ranks (skewed traffic worst: every source starts on the hot receivers), while
+//   runs of up to 8 phases (at most 8 queued per source) stayed within 1 % of their bound.  The
+//   one-phase bound is charged kQueueMargin more, so it wins only when clearly better;
+// - under contention the smallest-first eta drain of a fused run was 3-10 % below the simulated
+//   time at 64 ranks, while the unfused peer-round and direct plans (the baselines themselves)
+//   were within 3 %: a fused run that is not exact must beat them by kFusedMargin.
+constexpr double kQueueMargin = 0.05;
+constexpr double kFusedMargin = 0.08;
 // Past kMaxSimulatedRanks ranks fused runs are bounded up to this many channel phases, and all
 // in one (each merge factor's bound costs a pass over the plan).
 constexpr int kMaxMergeManyRanks = 8;
@@ -1054,6 +1068,9 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
       if (count == 1 || !worth_fusing(count, b1)) continue;
       for (int m : {count, kMaxMergeManyRanks, 4, 2}) {
         if (m >= count && (m != count || skip_all)) continue;
+        // With copy-engine queues peer rounds in one phase never beat split rounds in one phase
+        // (64 ranks): the budget goes to runs of 8 instead.
+        if (model_.copy_engines > 0 && m == count && decs[d].family == kPeerRounds) continue;
         fused.push_back({floor_at(hot, (count + m - 1) / m, std::numeric_limits<double>::infinity()), static_cast<int>(d), m, false, false});
       }
       continue;
@@ -1107,14 +1124,22 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
     // of kFusedBoundPasses passes over the transfers is spent.
     std::sort(fused.begin(), fused.end());
     int passes = 0;
+    const int budget = model_.copy_engines > 0 ? kFusedBoundPassesQueued : kFusedBoundPasses;
     for (const Candidate& f : fused) {
-      if (f.bound >= best_bound || passes >= kFusedBoundPasses) break;
+      if (f.bound >= best_bound || passes >= budget) break;
       bool ex = true;
-      const double bound = merged_bound(decs[f.dec], f.merge, &ls, &ex, nullptr);
+      double bound = merged_bound(decs[f.dec], f.merge, &ls, &ex, nullptr);
       ++passes;
+      if (!ex && model_.copy_engines > 0 && f.merge >= static_cast<int>(decs[f.dec].pairs.size()))
+        bound *= 1.0 + kQueueMargin;
       cands.push_back({bound, f.dec, f.merge, ex, false});
       best_bound = std::min(best_bound, bound);
     }
+    // Under contention a fused run that is not exact must beat the exact plans and the
+    // baselines' own plans by kFusedMargin (see there).
+    if (model_.eta_beta > 0.0)
+      for (Candidate& c : cands)
+        if (!c.exact && !c.reference && c.merge > 1) c.bound *= 1.0 + kFusedMargin;
   }
   std::sort(cands.begin(), cands.end());
   double best_cost = std::numeric_limits<double>::infinity();
