@@ -63,16 +63,18 @@ constexpr int kFusedBoundPasses = 2;
 constexpr int kFusedBoundPassesQueued = 3;
 // Past kMaxSimulatedRanks ranks candidates are ranked by their bounds, and the bounds of fused
 // phases are optimistic where the event model would see what they miss:
-// - with copy-engine queues, a phase holding all channel phases queues dozens of transfers per
-//   source; its bound (busiest link) ignores how the queues drift out of step, which cost
-//   0-37 % at 64 ranks (skewed traffic worst: every source starts on the hot receivers), while
-//   runs of up to 8 phases (at most 8 queued per source) stayed within 1 % of their bound.  The
-//   one-phase bound is charged kQueueMargin more, so it wins only when clearly better;
+// - with copy-engine queues, fused split peer rounds queue whole pairs of unequal length per
+//   source; their bound (busiest link) ignores how the queues drift out of step, which cost
+//   0-37 % in one phase at 64 ranks (skewed traffic worst: every source starts on the hot
+//   receivers) and up to 18 % in runs of 8 at 256 ranks, while runs of 8 peer rounds (one
+//   transfer per source per round, in step) stayed within 3 % of their bound.  Fused split
+//   rounds are charged kQueueMargin more, so they win only when clearly better;
 // - under contention the smallest-first eta drain of a fused run was 3-10 % below the simulated
-//   time at 64 ranks, while the unfused peer-round and direct plans (the baselines themselves)
-//   were within 3 %: a fused run that is not exact must beat them by kFusedMargin.
-constexpr double kQueueMargin = 0.05;
-constexpr double kFusedMargin = 0.08;
+//   time (more the more phases are fused: 4 % for pairs of phases at 256 ranks, 10 % for runs
+//   of 8 at 64), so a fused run that is not exact is charged kFusedMargin per doubling of its
+//   merge factor (2.5 % for 2, 7.5 % for 8).
+constexpr double kQueueMargin = 0.08;
+constexpr double kFusedMargin = 0.025;
 // Past kMaxSimulatedRanks ranks fused runs are bounded up to this many channel phases, and all
 // in one (each merge factor's bound costs a pass over the plan).
 constexpr int kMaxMergeManyRanks = 8;
@@ -1130,16 +1132,11 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
       bool ex = true;
       double bound = merged_bound(decs[f.dec], f.merge, &ls, &ex, nullptr);
       ++passes;
-      if (!ex && model_.copy_engines > 0 && f.merge >= static_cast<int>(decs[f.dec].pairs.size()))
-        bound *= 1.0 + kQueueMargin;
+      if (!ex && model_.copy_engines > 0 && decs[f.dec].family == kSplitPeer) bound *= 1.0 + kQueueMargin;
+      if (!ex && model_.eta_beta > 0.0) bound *= 1.0 + kFusedMargin * std::log2(static_cast<double>(f.merge));
       cands.push_back({bound, f.dec, f.merge, ex, false});
       best_bound = std::min(best_bound, bound);
     }
-    // Under contention a fused run that is not exact must beat the exact plans and the
-    // baselines' own plans by kFusedMargin (see there).
-    if (model_.eta_beta > 0.0)
-      for (Candidate& c : cands)
-        if (!c.exact && !c.reference && c.merge > 1) c.bound *= 1.0 + kFusedMargin;
   }
   std::sort(cands.begin(), cands.end());
   double best_cost = std::numeric_limits<double>::infinity();
