@@ -1124,16 +1124,26 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
     // Fused runs in increasing order of their latency-aware floor (floor_at(), a lower bound on
     // their bound); stop when the floor reaches the best bound, or when the deterministic budget
     // of kFusedBoundPasses passes over the transfers is spent.
+    // A fused run that is not exact is charged its margins (kQueueMargin, kFusedMargin).  Runs
+    // of split peer rounds are never exact (first fit put each pair of a phase after a phase
+    // where one of its links was taken, so two fused phases share a link), so one whose charged
+    // floor reaches the best bound cannot win and is skipped without a pass.
+    auto margin = [&](const Candidate& f) {
+      double x = 1.0;
+      if (model_.copy_engines > 0 && decs[f.dec].family == kSplitPeer) x *= 1.0 + kQueueMargin;
+      if (model_.eta_beta > 0.0) x *= 1.0 + kFusedMargin * std::log2(static_cast<double>(f.merge));
+      return x;
+    };
     std::sort(fused.begin(), fused.end());
     int passes = 0;
     const int budget = model_.copy_engines > 0 ? kFusedBoundPassesQueued : kFusedBoundPasses;
     for (const Candidate& f : fused) {
       if (f.bound >= best_bound || passes >= budget) break;
+      if (decs[f.dec].family == kSplitPeer && f.bound * margin(f) >= best_bound) continue;
       bool ex = true;
       double bound = merged_bound(decs[f.dec], f.merge, &ls, &ex, nullptr);
       ++passes;
-      if (!ex && model_.copy_engines > 0 && decs[f.dec].family == kSplitPeer) bound *= 1.0 + kQueueMargin;
-      if (!ex && model_.eta_beta > 0.0) bound *= 1.0 + kFusedMargin * std::log2(static_cast<double>(f.merge));
+      if (!ex) bound *= margin(f);
       cands.push_back({bound, f.dec, f.merge, ex, false});
       best_bound = std::min(best_bound, bound);
     }
