@@ -108,7 +108,8 @@ class Scheduler {
                             bool with_catalog, std::vector<Decomposition>* out) const;
   Decomposition peer_decomposition(const std::vector<int64_t>& demand) const;
   Decomposition direct_decomposition(const std::vector<int64_t>& demand) const;
-  Decomposition split_peer_decomposition(const std::vector<int64_t>& demand, const std::vector<double>& weight) const;
+  Decomposition split_peer_decomposition(const std::vector<int64_t>& demand, const std::vector<double>& weight,
+                                         bool sliced) const;
   double merged_bound(const Decomposition& dec, int merge, LinkScratch* ls, bool* exact, uint64_t* signature) const;
   void reset_scratch(LinkScratch* ls) const;
   bool worth_fusing(int phases, double unfused_bound) const;
