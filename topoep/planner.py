@@ -550,7 +550,12 @@ def _greedy(c: torch.Tensor, L: torch.Tensor, T: torch.Tensor, R: int, B: int, m
             amt = amt * (amt >= min_piece)
         row.scatter_add_(2, j, amt.neg())
         rem.scatter_(1, di, row)
-        if used is None:  # one slot: the receiver is full once it took something
+        if used is None and min_piece == 1:
+            # one slot: the receiver is full once it took something. Marking it full when
+            # nothing moved changes nothing: with min_piece 1, amt is 0 only when no GPU is
+            # above the target (no later step moves anything) or no GPU has room (W[r] is 0).
+            W.scatter_(2, r, 0)
+        elif used is None:  # one slot, min_piece > 1: a receiver refused a small piece
             W.scatter_(2, r, s * (amt == 0))
         else:
             u = used.gather(2, r)
