@@ -34,6 +34,12 @@ def _check_cover(phases, demand):
     assert (got == want).all()
 
 
+def _check_link_disjoint(phase, topo):
+    """At most one transfer of the phase on every directed link (Topology.path)."""
+    links = [l for s, d, _ in phase for l in topo.path(s, d)]
+    assert len(links) == len(set(links))
+
+
 @pytest.mark.parametrize("name,hosts", [("direct4", 1), ("gen4-4sw-2skt", 1), ("direct4", 3)])
 @pytest.mark.parametrize("model", varipath.MODELS)
 def test_covers_demand_exactly(name, hosts, model):
@@ -90,8 +96,7 @@ def test_link_greedy_phases_use_each_link_once(name, hosts, traffic):
     assert info["candidate"] == "link_greedy" and info["merge_factor"] == 1
     _check_cover(phases, dem)
     for ph in phases:
-        links = [l for s, d, _ in ph for l in topo.path(s, d)]
-        assert len(links) == len(set(links))
+        _check_link_disjoint(ph, topo)
         assert an.is_contention_free(topo, {(s, d) for s, d, _ in ph})
 
 
@@ -276,8 +281,7 @@ def test_split_peer_rounds_stand_in_for_link_greedy_past_its_budget():
     assert info["candidate"] == "peer_split" and info["merge_factor"] == 1
     _check_cover(phases, dem)
     for ph in phases:
-        links = [l for s, d, _ in ph for l in topo.path(s, d)]
-        assert len(links) == len(set(links))
+        _check_link_disjoint(ph, topo)
     assert info["est_cost_s"] <= 1.10 * varipath.lower_bound(topo, dem)
 
 
@@ -324,8 +328,7 @@ def test_split_peer_rounds_sliced_under_contention_at_bandwidth_bound_sizes():
     assert info["candidate"] == "peer_split" and info["merge_factor"] == 1
     _check_cover(phases, dem)
     for ph in phases:
-        links = [l for s, d, _ in ph for l in topo.path(s, d)]
-        assert len(links) == len(set(links))
+        _check_link_disjoint(ph, topo)
     pairs = [(s, d) for ph in phases for s, d, _ in ph]
     assert len(pairs) > len(set(pairs))  # some pair was sliced
     assert info["est_cost_s"] <= 1.35 * varipath.lower_bound(topo, dem)
