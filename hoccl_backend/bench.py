@@ -67,7 +67,7 @@ def _buffers(op, nbytes, world):
     return {"x": torch.ones(n), "out": torch.empty(n)}
 
 
-def _time_rounds(op, buf, group, iters):
+def _time_round(op, buf, group, iters):
     """Mean seconds per iteration of `iters` back-to-back calls, started together on every rank."""
     import torch.distributed as dist
 
@@ -80,7 +80,7 @@ def _time_rounds(op, buf, group, iters):
 
 def _rank_job(rank, world, backends, ops, sizes, rounds, port, queue, show_progress):
     """One rank: a group per backend, and for each (op, size) the backends take turns, round by
-    round, so that every backend meets the same machine load (this VM's speed drifts by 2x over
+    round, so that every backend meets the same machine load (this VM's speed drifts up to 3x within
     minutes). The figure per backend is the median over rounds of the slowest rank's mean."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     import torch
@@ -90,8 +90,8 @@ def _rank_job(rank, world, backends, ops, sizes, rounds, port, queue, show_progr
     if "hoccl" in backends:
         import hoccl_backend  # noqa: F401
     dist.init_process_group(backends[0], rank=rank, world_size=world)
-    groups = {b: dist.new_group(backend=b) for b in backends}
-    control = groups[backends[0]]
+    # The default group serves the first backend; the others get a group each.
+    groups = {b: dist.group.WORLD if i == 0 else dist.new_group(backend=b) for i, b in enumerate(backends)}
     rows = []
     total = len(ops) * len(sizes)
     done = 0
@@ -106,10 +106,10 @@ def _rank_job(rank, world, backends, ops, sizes, rounds, port, queue, show_progr
             for r in range(rounds):
                 order = backends if r % 2 == 0 else backends[::-1]
                 for b in order:
-                    samples[b].append(_time_rounds(op, bufs[b], groups[b], per_round))
+                    samples[b].append(_time_round(op, bufs[b], groups[b], per_round))
             for b in backends:
                 t = torch.tensor(samples[b], dtype=torch.float64)
-                dist.all_reduce(t, op=dist.ReduceOp.MAX, group=control)
+                dist.all_reduce(t, op=dist.ReduceOp.MAX)
                 buf = bufs[b]
                 real_bytes = buf["out"].numel() * 4 if op == "all_gather" else buf["x"].numel() * 4
                 rows.append({"backend": b, "world": world, "op": op, "bytes": real_bytes,
