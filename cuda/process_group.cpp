@@ -259,11 +259,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::enqueue(c10d::OpType type, std
     busy_ = true;
   }
   runTask(work, body);
+  bool wakeWorker;
   {
     std::lock_guard<std::mutex> lock(queueMutex_);
     busy_ = false;
+    // Waking the worker for nothing costs a context switch per op on a busy core.
+    wakeWorker = !queue_.empty() || stopping_;
   }
-  queueCv_.notify_one();
+  if (wakeWorker) queueCv_.notify_one();
   return work;
 }
 
@@ -335,6 +338,13 @@ void ProcessGroupHOCCL::checkWait(const Collective& c, int peer) {
 
 void ProcessGroupHOCCL::validateDescriptors(const Collective& c, uint32_t parity) const {
   const OpDesc& mine = c.ctx.desc;
+  bool agree = true;  // the common case, checked without building any message
+  for (int r = 0; r < size_ && agree; ++r) {
+    const OpDesc d = group_->control(r).desc[parity];
+    agree = d.kind == mine.kind && d.dtype == mine.dtype && d.numel == mine.numel && d.root == mine.root &&
+            d.redop == mine.redop && d.opSeq == mine.opSeq;
+  }
+  if (agree) return;
   std::ostringstream err;
   for (int r = 0; r < size_; ++r) {
     const OpDesc d = group_->control(r).desc[parity];
@@ -411,14 +421,13 @@ std::vector<TransferPhase> ProcessGroupHOCCL::scheduleAllToAll(const std::vector
 }
 
 std::shared_ptr<const Plan> ProcessGroupHOCCL::planFor(const PlanRequest& req) {
-  std::ostringstream key;
-  key << int(req.kind) << ':' << req.root << ':' << req.elemSize << ':' << req.bytes << ':' << req.crossMemory;
+  const auto key = std::make_tuple(int(req.kind), req.root, int64_t(req.elemSize), req.bytes, bool(req.crossMemory));
   std::lock_guard<std::mutex> lock(planMutex_);
-  auto it = planCache_.find(key.str());
+  auto it = planCache_.find(key);
   if (it != planCache_.end()) return it->second;
   auto plan = std::make_shared<const Plan>(buildPlan(req));
   if (planCache_.size() > 256) planCache_.clear();
-  planCache_[key.str()] = plan;
+  planCache_[key] = plan;
   return plan;
 }
 

@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <deque>
 #include <map>
+#include <tuple>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -222,7 +223,8 @@ class ProcessGroupHOCCL : public c10d::Backend {
   std::vector<c10::intrusive_ptr<WorkHOCCL>> coalesced_;
 
   std::mutex planMutex_;
-  std::map<std::string, std::shared_ptr<const Plan>> planCache_;
+  // Keyed by (kind, root, element size, bytes, cross-memory): what a plan depends on.
+  std::map<std::tuple<int, int, int64_t, int64_t, bool>, std::shared_ptr<const Plan>> planCache_;
   bool hasChannels_ = false;  // VarioPath channels were set (names the algorithm "varipath")
   std::shared_ptr<const varipath::Scheduler> scheduler_;  // set when there is > 1 channel
   mutable std::mutex lastAlgoMutex_;
