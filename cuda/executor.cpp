@@ -79,7 +79,7 @@ void Executor::reduce(const Step& step, const ExecContext& ctx) {
 }
 
 void Executor::run(const Plan& plan, ExecContext& ctx) {
-  bool first = true;
+  bool first = !ctx.addressesPublished;
   for (const Step& step : plan.steps) {
     switch (step.kind) {
       case Step::Kind::Copy:
@@ -94,6 +94,7 @@ void Executor::run(const Plan& plan, ExecContext& ctx) {
           group_.control(group_.rank()).desc[index & 1] = ctx.desc;
           publishAddresses(ctx, index & 1);
           addressParity_ = index & 1;
+          ctx.addressesPublished = true;
         }
         group_.arrive(index);
         group_.waitAll(index, ctx.check);
@@ -103,6 +104,7 @@ void Executor::run(const Plan& plan, ExecContext& ctx) {
       }
     }
   }
+
   bufCursor_ += static_cast<uint32_t>(plan.buffersUsed);
 }
 

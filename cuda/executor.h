@@ -17,6 +17,9 @@ struct ExecContext {
   RedOp op = RedOp::Sum;
   double factor = 1.0;  // PREMUL_SUM
   OpDesc desc{};        // published with the first barrier
+  // Set once an earlier plan of the same op published this op's buffer addresses: plans run
+  // after it read peers through those and publish nothing at their own first barrier.
+  bool addressesPublished = false;
   // After the first barrier: compare peers' descriptors (throws on mismatch).
   std::function<void(uint32_t parity)> validate;
   // While blocked on a peer: throws on timeout, abort or a dead peer.
