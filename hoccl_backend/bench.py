@@ -98,7 +98,9 @@ def _rank_job(rank, world, backends, ops, sizes, rounds, port, queue, show_progr
     for op in ops:
         for nbytes in sizes:
             bufs = {b: _buffers(op, nbytes, world) for b in backends}
-            per_round = max(1, _iters_for(nbytes) // rounds)
+            # At least 3 calls per round: one call right after the round's barrier also times the
+            # ranks' skew leaving it, and rounds of 64 MB had a single call.
+            per_round = max(3, _iters_for(nbytes) // rounds)
             for b in backends:  # warm-up: page faults, first-call setup
                 for _ in range(max(2, per_round // 2)):
                     _run_op(op, bufs[b], groups[b])
