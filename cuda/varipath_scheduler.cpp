@@ -244,9 +244,17 @@ std::vector<std::vector<int>> Scheduler::decompose(const std::vector<int64_t>& d
   // per phase (a few hundred channels) is cheaper than keeping a heap of decreasing scores.
   std::vector<std::vector<int>> phases;
   while (total > 0) {
+    // The largest score in four independent running maxima (no loop-carried compare chain),
+    // then its first index: the same channel as a single scan.
+    const size_t nc = score.size();
+    double m4[4] = {score[0], score[0], score[0], score[0]};
+    size_t c = 0;
+    for (; c + 4 <= nc; c += 4)
+      for (int k = 0; k < 4; ++k) m4[k] = score[c + k] > m4[k] ? score[c + k] : m4[k];
+    for (; c < nc; ++c) m4[0] = score[c] > m4[0] ? score[c] : m4[0];
+    const double top_score = std::max(std::max(m4[0], m4[1]), std::max(m4[2], m4[3]));
     size_t best = 0;
-    for (size_t c = 1; c < score.size(); ++c)
-      if (score[c] > score[best]) best = c;
+    while (score[best] != top_score) ++best;
     // Whole-pair passes keep pairs intact; sliced passes time phases by the bottleneck pair.
     const double span = scale_by_rate ? phase_span(chan_pairs_[best], left, cap, rate, weight)
                                       : std::numeric_limits<double>::infinity();
@@ -287,18 +295,22 @@ struct Scheduler::LinkScratch {
   std::vector<int> flow_pair;      // the phase's flows
   std::vector<double> flow_bytes;
   std::vector<int> slot;           // pair -> index in flow_pair, -1 when absent
-  std::vector<int> active_on;      // event model: running flows per link
   std::vector<int> per_source;     // event model: flows started per source GPU
   std::vector<std::vector<double>> sizes_on;  // bound: flow sizes on each shared link
+  // Event model, links by local index (position in `touched`): each flow's local links and
+  // each local link's flows (built once per phase), running flows per link, and per solve the
+  // capacity left, unfrozen flows and fair share of the links that carry running flows.
+  std::vector<int> link_id;
+  std::vector<int> flow_off, flow_links, link_off, link_flows;
+  std::vector<int> act, unfrozen, open;
+  std::vector<double> cap0, cap_left, rem;
   std::vector<double> rate, left;
-  std::vector<int> running, next_run;
-  std::vector<int> links_now, open_flows, unfrozen_on;  // max-min: links by local index
-  std::vector<int> link_id, link_off, link_members;
-  std::vector<double> cap_left, share;
+  std::vector<char> state;         // per flow: 0 queued, 1 running, 2 done
+  std::vector<int> running, next_run, waiting;
   std::vector<char> need;  // bound: shared links whose flow sizes are gathered
   explicit LinkScratch(size_t links, size_t pairs, size_t gpus)
-      : load(links, 0.0), flows(links, 0), slot(pairs, -1), active_on(links, 0),
-        per_source(gpus, 0), sizes_on(links), unfrozen_on(links, 0), link_id(links, 0), cap_left(links, 0.0), share(links, 0.0), need(links, 0) {}
+      : load(links, 0.0), flows(links, 0), slot(pairs, -1), per_source(gpus, 0), sizes_on(links),
+        link_id(links, 0), need(links, 0) {}
 };
 
 void Scheduler::add_transfer(LinkScratch* ls, int pair, int64_t bytes, bool /*new_flow*/) const {
@@ -324,95 +336,120 @@ double Scheduler::eta(int k) const {
   return std::max(model_.eta_min, 1.0 - model_.eta_beta * std::log2(static_cast<double>(k)));
 }
 
-// Max-min-fair rates of the running flows by progressive filling, each link's capacity derated
-// by eta(flows on it) under the contention model: the simulator's rule, so that the event model
-// below reproduces its phase times.
-void Scheduler::max_min_rates(LinkScratch* ls) const {
-  // Classic bottleneck iteration: the link with the smallest fair share of its remaining
-  // capacity fixes the rate of its unfrozen flows; their rates come off their other links.
-  // Each flow is frozen once, so a solve costs O(flows x path + iterations x links).
-  std::vector<int>& links = ls->links_now;
-  links.clear();
-  for (int f : ls->running)
-    for (int l : links_of(ls->flow_pair[f]))
-      if (ls->active_on[l]++ == 0) links.push_back(l);
-  const size_t nl = links.size();
-  std::vector<int>& off = ls->link_off;
-  off.assign(nl + 1, 0);
-  for (size_t i = 0; i < nl; ++i) {
-    const int l = links[i];
-    ls->link_id[l] = static_cast<int>(i);
-    off[i + 1] = off[i] + ls->active_on[l];
-    ls->cap_left[i] = link_bw_[l] * (ls->active_on[l] > 1 ? eta(ls->active_on[l]) : 1.0);
-    ls->unfrozen_on[i] = ls->active_on[l];
-  }
-  std::vector<int>& member = ls->link_members;
-  member.resize(static_cast<size_t>(off[nl]));
-  std::vector<int>& fill = ls->open_flows;
-  fill.assign(off.begin(), off.end() - 1);
-  for (int f : ls->running) {
-    ls->rate[f] = -1.0;
-    for (int l : links_of(ls->flow_pair[f])) member[fill[ls->link_id[l]]++] = f;
-  }
-  // share[i]: link i's fair share of what is left for its unfrozen flows; recomputed only for
-  // links whose flows were just frozen.
-  std::vector<double>& share = ls->share;
-  for (size_t i = 0; i < nl; ++i) share[i] = ls->cap_left[i] / ls->unfrozen_on[i];
-  constexpr double kDone = std::numeric_limits<double>::infinity();
-  size_t open = ls->running.size();
-  while (open > 0) {
-    size_t neck = 0;
-    for (size_t i = 1; i < nl; ++i)
-      if (share[i] < share[neck]) neck = i;
-    const double level = std::max(share[neck], 0.0);
-    for (int k = off[neck]; k < off[neck + 1]; ++k) {
-      const int f = member[k];
-      if (ls->rate[f] >= 0.0) continue;
-      ls->rate[f] = level;
-      --open;
-      for (int l : links_of(ls->flow_pair[f])) {
-        const int i = ls->link_id[l];
-        ls->cap_left[i] -= level;
-        ls->unfrozen_on[i] -= 1;
-      }
-    }
-    for (int k = off[neck]; k < off[neck + 1]; ++k)
-      for (int l : links_of(ls->flow_pair[member[k]])) {
-        const int i = ls->link_id[l];
-        share[i] = ls->unfrozen_on[i] > 0 ? ls->cap_left[i] / ls->unfrozen_on[i] : kDone;
-      }
-  }
-  for (int l : links) ls->active_on[l] = 0;
-}
-
 // Event model of one phase under the contention / copy-engine model, as the simulator runs it:
-// max-min-fair rates (max_min_rates), re-solved at each completion, when the flow counts drop
-// (and, with copy engines, the source's next queued transfer starts, in phase order).  Unlike
-// a per-link load bound it sees a flow stuck behind a busy link or queued behind its source's
-// other transfers.
+// max-min-fair rates by progressive filling (each link's bandwidth derated by eta(flows on it)
+// under contention), re-solved at each completion, when the flow counts drop (and, with copy
+// engines, the source's next queued transfer starts, in phase order).  Unlike a per-link load
+// bound it sees a flow stuck behind a busy link or queued behind its source's other transfers.
+// The phase's link tables are built once; a solve then costs O(running flows x path +
+// bottleneck iterations x links still open).  The bytes left on each link are tracked too: no
+// link moves more than its bandwidth, so the time so far plus the busiest link's bytes left
+// over its bandwidth is a lower bound on the phase; once it reaches `limit` the phase cannot
+// fit (the caller then discards the candidate) and the simulation stops there.
 double Scheduler::event_time(LinkScratch* ls, double limit) const {
   const size_t nf = ls->flow_pair.size();
+  const size_t nl = ls->touched.size();
   const int engines = model_.copy_engines;
+  // Link tables: local link ids in first-touch order, flow -> local links, link -> flows.
+  ls->act.assign(nl, 0);
+  ls->rem.resize(nl);
+  for (size_t i = 0; i < nl; ++i) {
+    ls->link_id[ls->touched[i]] = static_cast<int>(i);
+    ls->rem[i] = ls->load[ls->touched[i]];
+  }
+  ls->flow_off.resize(nf + 1);
+  ls->flow_links.clear();
+  ls->link_off.assign(nl + 1, 0);
+  for (size_t f = 0; f < nf; ++f) {
+    ls->flow_off[f] = static_cast<int>(ls->flow_links.size());
+    for (int l : links_of(ls->flow_pair[f])) {
+      const int i = ls->link_id[l];
+      ls->flow_links.push_back(i);
+      ls->link_off[i + 1] += 1;
+    }
+  }
+  ls->flow_off[nf] = static_cast<int>(ls->flow_links.size());
+  for (size_t i = 0; i < nl; ++i) ls->link_off[i + 1] += ls->link_off[i];
+  ls->link_flows.resize(ls->flow_links.size());
+  ls->open.assign(ls->link_off.begin(), ls->link_off.end() - 1);  // fill cursors
+  for (size_t f = 0; f < nf; ++f)
+    for (int k = ls->flow_off[f]; k < ls->flow_off[f + 1]; ++k) ls->link_flows[ls->open[ls->flow_links[k]]++] = static_cast<int>(f);
+  const int* fl = ls->flow_links.data();
+  const int* foff = ls->flow_off.data();
+  ls->cap0.resize(nl);
+  ls->cap_left.resize(nl);
+  ls->unfrozen.resize(nl);
   ls->left.assign(ls->flow_bytes.begin(), ls->flow_bytes.end());
   ls->rate.assign(nf, 0.0);
+  ls->state.assign(nf, 0);
   ls->running.clear();
+  ls->waiting.clear();
   size_t queued_from = 0;  // with copy engines, flows start in list order per source
-  std::vector<int> waiting;
   for (size_t f = 0; f < nf; ++f) {
     const int src = ls->flow_pair[f] / n_;
     if (engines > 0 && ls->per_source[src] >= engines) {
-      waiting.push_back(static_cast<int>(f));
+      ls->waiting.push_back(static_cast<int>(f));
       continue;
     }
     ls->per_source[src] += 1;
     ls->running.push_back(static_cast<int>(f));
+    ls->state[f] = 1;
+    for (int k = foff[f]; k < foff[f + 1]; ++k) ls->act[fl[k]] += 1;
   }
+  constexpr double kDone = std::numeric_limits<double>::infinity();
   double t = 0.0;
   while (!ls->running.empty() && t < limit) {
-    max_min_rates(ls);
-    double dt = std::numeric_limits<double>::infinity();
+    // Max-min-fair rates of the running flows (classic bottleneck iteration: the link with the
+    // smallest fair share of its remaining capacity fixes the rate of its unfrozen flows; their
+    // rates come off their other links).
+    ls->open.clear();
+    for (size_t i = 0; i < nl; ++i) {
+      const int a = ls->act[i];
+      if (a == 0) continue;
+      ls->cap0[i] = link_bw_[ls->touched[i]] * (a > 1 ? eta(a) : 1.0);
+      ls->cap_left[i] = ls->cap0[i];
+      ls->unfrozen[i] = a;
+      ls->open.push_back(static_cast<int>(i));
+    }
+    for (int f : ls->running) ls->rate[f] = -1.0;
+    size_t open = ls->running.size();
+    while (open > 0) {
+      // The first open link (local order) with the smallest share; links with no unfrozen flow
+      // left are dropped from the open list on the way (order kept).
+      // (A link's share, what is left of its capacity over its unfrozen flows, only changes
+      // when one of its flows is frozen; computing it here is the same value.)
+      size_t kept = 0;
+      int neck = -1;
+      double low = kDone;
+      for (int i : ls->open) {
+        if (ls->unfrozen[i] == 0) continue;
+        ls->open[kept++] = i;
+        const double share = ls->cap_left[i] / ls->unfrozen[i];
+        if (neck < 0 || share < low) {
+          neck = i;
+          low = share;
+        }
+      }
+      ls->open.resize(kept);
+      const double level = std::max(low, 0.0);
+      for (int k = ls->link_off[neck]; k < ls->link_off[neck + 1]; ++k) {
+        const int f = ls->link_flows[k];
+        if (ls->state[f] != 1 || ls->rate[f] >= 0.0) continue;
+        ls->rate[f] = level;
+        --open;
+        for (int j = foff[f]; j < foff[f + 1]; ++j) {
+          const int i = fl[j];
+          ls->cap_left[i] -= level;
+          ls->unfrozen[i] -= 1;
+        }
+      }
+    }
+    double dt = kDone;
     for (int f : ls->running) dt = std::min(dt, ls->left[f] / ls->rate[f]);
     t += dt;
+    // Bytes moved on each link in this step (what its flows used of its capacity).
+    for (size_t i = 0; i < nl; ++i)
+      if (ls->act[i] > 0) ls->rem[i] -= (ls->cap0[i] - ls->cap_left[i]) * dt;
     ls->next_run.clear();
     for (int f : ls->running) {
       ls->left[f] -= ls->rate[f] * dt;
@@ -421,22 +458,61 @@ double Scheduler::event_time(LinkScratch* ls, double limit) const {
         ls->next_run.push_back(f);
         continue;
       }
+      ls->state[f] = 2;
+      for (int k = foff[f]; k < foff[f + 1]; ++k) {
+        ls->act[fl[k]] -= 1;
+        ls->rem[fl[k]] -= ls->left[f];
+      }
       if (engines > 0) {  // the freed copy engine takes this source's next queued transfer
         const int src = ls->flow_pair[f] / n_;
         ls->per_source[src] -= 1;
-        for (size_t w = queued_from; w < waiting.size(); ++w) {
-          const int g = waiting[w];
+        for (size_t w = queued_from; w < ls->waiting.size(); ++w) {
+          const int g = ls->waiting[w];
           if (g >= 0 && ls->flow_pair[g] / n_ == src) {
             ls->next_run.push_back(g);
+            ls->state[g] = 1;
+            for (int k = foff[g]; k < foff[g + 1]; ++k) ls->act[fl[k]] += 1;
             ls->per_source[src] += 1;
-            waiting[w] = -1;
+            ls->waiting[w] = -1;
             break;
           }
         }
-        while (queued_from < waiting.size() && waiting[queued_from] < 0) ++queued_from;
+        while (queued_from < ls->waiting.size() && ls->waiting[queued_from] < 0) ++queued_from;
       }
     }
     ls->running.swap(ls->next_run);
+    if (limit < kDone && !ls->running.empty()) {
+      // Lower bound on what is left: the busiest link's bytes over its bandwidth or, under
+      // contention, that link's flows drained smallest first at bandwidth * eta(flows left), as
+      // merged_bound() does; less 0.2 % (flows within 0.1 % of a step finish early, rounding).
+      double rest = 0.0;
+      int hot = -1;
+      for (size_t i = 0; i < nl; ++i) {
+        const double x = ls->rem[i] / link_bw_[ls->touched[i]];
+        if (x > rest) {
+          rest = x;
+          hot = static_cast<int>(i);
+        }
+      }
+      if (hot >= 0 && model_.eta_beta > 0.0 && t + rest * (1.0 - 2e-3) < limit) {
+        std::vector<double>& sz = ls->sizes_on[0];
+        sz.clear();
+        for (int k = ls->link_off[hot]; k < ls->link_off[hot + 1]; ++k) {
+          const int f = ls->link_flows[k];
+          if (ls->state[f] != 2) sz.push_back(ls->state[f] == 1 ? ls->left[f] : ls->flow_bytes[f]);
+        }
+        std::sort(sz.begin(), sz.end());
+        const double bw = link_bw_[ls->touched[hot]];
+        double drain = 0.0;
+        for (size_t i = 0; i < sz.size(); ++i) drain += sz[i] / (bw * eta(static_cast<int>(sz.size() - i)));
+        sz.clear();
+        rest = std::max(rest, drain);
+      }
+      if (t + rest * (1.0 - 2e-3) >= limit) {
+        t = std::max(limit, t);
+        break;
+      }
+    }
   }
   for (size_t f = 0; f < nf; ++f) ls->per_source[ls->flow_pair[f] / n_] = 0;
   return t;
@@ -553,10 +629,13 @@ void Scheduler::index_links() {
   pl_off_.assign(pair_links_.size() + 1, 0);
   pl_.clear();
   pair_rate_.assign(pair_links_.size(), rate_Bps_);
+  const bool masks = link_bw_.size() <= 64;
+  pair_mask_.assign(masks ? pair_links_.size() : 0, 0);
   for (size_t p = 0; p < pair_links_.size(); ++p) {
     for (int l : pair_links_[p]) {
       pl_.push_back(l);
       pair_rate_[p] = std::min(pair_rate_[p], link_bw_[l]);
+      if (masks) pair_mask_[p] |= uint64_t{1} << l;
     }
     pl_off_[p + 1] = static_cast<int>(pl_.size());
   }
@@ -593,6 +672,7 @@ std::vector<std::vector<int>> Scheduler::link_greedy(const std::vector<int64_t>&
   // planner's largest cost, so the order is refreshed every n/16 phases (finished pairs
   // skipped), every n/4 past kMaxSimulatedRanks ranks.
   const int resort_every = n_ > kMaxSimulatedRanks ? n_ / 4 : std::max(1, n_ / 16);
+  const bool masked = !pair_mask_.empty();
   while (!active.empty()) {
     const int phase = static_cast<int>(phases.size());
     if (phase % resort_every == 0) {
@@ -636,17 +716,24 @@ std::vector<std::vector<int>> Scheduler::link_greedy(const std::vector<int64_t>&
     const double span = std::min(static_cast<double>(left[lead]), std::max(1.0, lead_cap)) / rate[lead];
     std::vector<int> pairs;
     std::vector<int64_t> amount;
+    pairs.reserve(order.size());
+    amount.reserve(order.size());
+    uint64_t busy_mask = 0;  // links taken in this phase, when they fit in 64 bits
     for (const auto& entry : order) {
       const int p = entry.second;
       if (left[p] == 0) continue;
       bool free = true;
-      for (int l : links_of(p)) free = free && busy[l] != phase;
+      if (masked)
+        free = (pair_mask_[p] & busy_mask) == 0;
+      else
+        for (int l : links_of(p)) free = free && busy[l] != phase;
       if (!free) continue;
       // A remainder within kWholeSlack of the span goes whole: a sliver would cost a phase later.
       const double fit = span * rate[p];
       const int64_t take = static_cast<double>(left[p]) <= kWholeSlack * fit
                                ? left[p]
                                : std::max<int64_t>(1, static_cast<int64_t>(fit));
+      if (masked) busy_mask |= pair_mask_[p];
       for (int l : links_of(p)) {
         busy[l] = phase;
         link_left[l] -= static_cast<double>(take);
@@ -1183,6 +1270,12 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
   double best_cost = std::numeric_limits<double>::infinity();
   const Candidate* best = nullptr;
   int simulated = 0;
+  // The cheapest exact candidate (its bound is its cost) is reached by the loop below unless a
+  // cheaper one wins first, so a simulation that cannot beat it is stopped early (same choice;
+  // before this, the first simulation in bound order always ran to the end).
+  double exact_best = std::numeric_limits<double>::infinity();
+  for (const Candidate& c : cands)
+    if (c.exact) exact_best = std::min(exact_best, c.bound);
   for (const Candidate& c : cands) {
     if (c.bound >= best_cost * (1.0 - 1e-12)) break;
     // The event model is the expensive part of planning: past kMaxSimulated candidates only
@@ -1194,7 +1287,8 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
     // the choice never trails them by more than the event model's error.
     if (!by_bound && ((simulated >= kMaxSimulated && !c.reference) || !affordable(decs[c.dec], c.merge))) continue;
     simulated += by_bound ? 0 : 1;
-    const double cost = by_bound ? c.bound : merged_cost(decs[c.dec].pairs, decs[c.dec].bytes, c.merge, &ls, best_cost);
+    const double cost = by_bound ? c.bound
+                                 : merged_cost(decs[c.dec].pairs, decs[c.dec].bytes, c.merge, &ls, std::min(best_cost, exact_best));
     if (cost < best_cost * (1.0 - 1e-12)) {
       best_cost = cost;
       best = &c;

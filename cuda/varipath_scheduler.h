@@ -81,7 +81,6 @@ class Scheduler {
   void add_transfer(LinkScratch* ls, int pair, int64_t bytes, bool new_flow) const;
   double drain_cost(LinkScratch* ls, double limit) const;
   double event_time(LinkScratch* ls, double limit) const;
-  void max_min_rates(LinkScratch* ls) const;
   double eta(int k) const;
   double merged_cost(const std::vector<std::vector<int>>& chans, const std::vector<std::vector<int64_t>>& bytes,
                      int merge, LinkScratch* ls, double limit) const;
@@ -142,6 +141,7 @@ class Scheduler {
   std::vector<std::vector<int>> pair_links_;   // pair id -> link indices
   std::vector<int> pl_off_, pl_;               // the same, flattened (pair p: pl_[pl_off_[p]..pl_off_[p+1]))
   std::vector<double> pair_rate_;              // full rate of each pair running alone
+  std::vector<uint64_t> pair_mask_;            // pair id -> bit set of its links (when there are <= 64)
   CostModel model_;
   int candidates_ = kCatalogChannels | kLinkGreedy | kPeerRounds | kDirect;
   std::vector<double> eta_table_;  // eta(k) for small k under model_
