@@ -629,12 +629,14 @@ void Scheduler::index_links() {
   pl_off_.assign(pair_links_.size() + 1, 0);
   pl_.clear();
   pair_rate_.assign(pair_links_.size(), rate_Bps_);
+  pair_min_bw_.assign(pair_links_.size(), std::numeric_limits<double>::infinity());
   const bool masks = link_bw_.size() <= 64;
   pair_mask_.assign(masks ? pair_links_.size() : 0, 0);
   for (size_t p = 0; p < pair_links_.size(); ++p) {
     for (int l : pair_links_[p]) {
       pl_.push_back(l);
       pair_rate_[p] = std::min(pair_rate_[p], link_bw_[l]);
+      pair_min_bw_[p] = std::min(pair_min_bw_[p], link_bw_[l]);
       if (masks) pair_mask_[p] |= uint64_t{1} << l;
     }
     pl_off_[p + 1] = static_cast<int>(pl_.size());
@@ -760,6 +762,33 @@ double Scheduler::merged_bound(const Decomposition& dec, int merge, LinkScratch*
   *exact = true;
   uint64_t sig = 0;
   const bool sharing_costs = model_.eta_beta > 0.0 || model_.copy_engines > 0;
+  if (dec.disjoint && merge == 1) {
+    // Every phase carries at most one transfer per link (so each pair at most once): the
+    // busiest link's time is the largest transfer over its path's narrowest link (the same
+    // division as below), and no link is shared; only copy-engine queues can make it inexact.
+    for (size_t i = 0; i < dec.pairs.size(); ++i) {
+      double worst = 0.0;
+      uint64_t group = 0;
+      bool queued = false;
+      for (size_t k = 0; k < dec.pairs[i].size(); ++k) {
+        const int p = dec.pairs[i][k];
+        const double b = static_cast<double>(dec.bytes[i][k]);
+        if (links_of(p).begin() != links_of(p).end()) worst = std::max(worst, b / pair_min_bw_[p]);
+        if (signature) {
+          const uint64_t h = mix64((static_cast<uint64_t>(p) << 40) ^ static_cast<uint64_t>(b));
+          group = model_.copy_engines > 0 ? mix64(group ^ h) : group + h;
+        }
+        if (model_.copy_engines > 0) queued = queued || ++ls->per_source[p / n_] > model_.copy_engines;
+      }
+      if (model_.copy_engines > 0)
+        for (int p : dec.pairs[i]) ls->per_source[p / n_] = 0;
+      if (signature) sig = mix64(sig ^ group);
+      *exact = *exact && !(queued && sharing_costs);
+      total += latency_s_ + worst;
+    }
+    if (signature) *signature = sig;
+    return total;
+  }
   for (size_t start = 0; start < dec.pairs.size(); start += merge) {
     const size_t stop = std::min(dec.pairs.size(), start + static_cast<size_t>(merge));
     for (size_t i = start; i < stop; ++i)
@@ -870,6 +899,7 @@ Scheduler::Decomposition Scheduler::split_peer_decomposition(const std::vector<i
   Decomposition dec;
   dec.family = kSplitPeer;
   dec.unique = true;
+  dec.disjoint = true;
   std::vector<int> order;  // placement order: hot pairs, then the others, each in round order
   order.reserve(demand.size());
   for (int hot = 1; hot >= 0; --hot)
@@ -968,6 +998,7 @@ Scheduler::Decomposition Scheduler::link_decomposition(const std::vector<int64_t
   dec.pairs = link_greedy(demand, quantum, &dec.bytes);
   dec.quantum = std::min(quantum, top);
   dec.family = kLinkGreedy;
+  dec.disjoint = true;
   return dec;
 }
 

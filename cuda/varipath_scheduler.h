@@ -96,6 +96,7 @@ class Scheduler {
     int64_t quantum = 0;
     int family = 0;
     bool unique = false;                 // every pair in at most one phase (peer, split, direct)
+    bool disjoint = false;               // at most one transfer per link in each phase (link-greedy, split)
     bool have1 = false, exact1 = false;  // merged_bound(merge 1), when already computed
     double bound1 = 0.0;
     uint64_t sig1 = 0;
@@ -141,6 +142,7 @@ class Scheduler {
   std::vector<std::vector<int>> pair_links_;   // pair id -> link indices
   std::vector<int> pl_off_, pl_;               // the same, flattened (pair p: pl_[pl_off_[p]..pl_off_[p+1]))
   std::vector<double> pair_rate_;              // full rate of each pair running alone
+  std::vector<double> pair_min_bw_;            // narrowest link on each pair's path
   std::vector<uint64_t> pair_mask_;            // pair id -> bit set of its links (when there are <= 64)
   CostModel model_;
   int candidates_ = kCatalogChannels | kLinkGreedy | kPeerRounds | kDirect;
