@@ -87,6 +87,9 @@ constexpr double kGoodEnough = 0.015;
 // The catalog pass is built only when the best exact link-greedy plan exceeds the cost model's
 // lower bound by more than this fraction (below it, catalog plans rarely won by > 1 %).
 constexpr double kCatalogGain = 0.05;
+// Relative margin of screening tests done with multiplications by reciprocals (a few ulps
+// off the exact divisions); values inside it are decided by the exact division.
+constexpr double kScreen = 1e-9;
 
 }  // namespace
 
@@ -146,6 +149,8 @@ void Scheduler::set_cost_model(const CostModel& model) {
   eta_table_.assign(static_cast<size_t>(n_) * 4 + 2, 1.0);
   for (size_t k = 2; k < eta_table_.size(); ++k)
     eta_table_[k] = std::max(model_.eta_min, 1.0 - model_.eta_beta * std::log2(static_cast<double>(k)));
+  inv_eta_table_.resize(eta_table_.size());
+  for (size_t k = 0; k < eta_table_.size(); ++k) inv_eta_table_[k] = 1.0 / eta_table_[k];
 }
 
 void Scheduler::set_candidates(int mask) {
@@ -308,9 +313,11 @@ struct Scheduler::LinkScratch {
   std::vector<char> state;         // per flow: 0 queued, 1 running, 2 done
   std::vector<int> running, next_run, waiting;
   std::vector<char> need;  // bound: shared links whose flow sizes are gathered
+  std::vector<int> needed, bucket_at;  // bound: those links; where each one's next size goes
+  std::vector<double> bucket;          // bound: their flow sizes, one segment per link
   explicit LinkScratch(size_t links, size_t pairs, size_t gpus)
       : load(links, 0.0), flows(links, 0), slot(pairs, -1), per_source(gpus, 0), sizes_on(links),
-        link_id(links, 0), need(links, 0) {}
+        link_id(links, 0), need(links, 0), bucket_at(links, 0) {}
 };
 
 void Scheduler::add_transfer(LinkScratch* ls, int pair, int64_t bytes, bool /*new_flow*/) const {
@@ -327,6 +334,12 @@ void Scheduler::add_transfer(LinkScratch* ls, int pair, int64_t bytes, bool /*ne
     ls->load[l] += static_cast<double>(bytes);
     if (fresh) ls->flows[l] += 1;
   }
+}
+
+// 1 / eta(k), for screening (see merged_bound()).
+double Scheduler::inv_eta(int k) const {
+  if (static_cast<size_t>(k) < inv_eta_table_.size()) return inv_eta_table_[k];
+  return 1.0 / eta(k);
 }
 
 // eta(k) of the contention model, tabulated (log2 per link and phase showed up in profiles).
@@ -630,6 +643,8 @@ void Scheduler::index_links() {
   pl_.clear();
   pair_rate_.assign(pair_links_.size(), rate_Bps_);
   pair_min_bw_.assign(pair_links_.size(), std::numeric_limits<double>::infinity());
+  inv_bw_.resize(link_bw_.size());
+  for (size_t l = 0; l < link_bw_.size(); ++l) inv_bw_[l] = 1.0 / link_bw_[l];
   const bool masks = link_bw_.size() <= 64;
   pair_mask_.assign(masks ? pair_links_.size() : 0, 0);
   for (size_t p = 0; p < pair_links_.size(); ++p) {
@@ -829,23 +844,36 @@ double Scheduler::merged_bound(const Decomposition& dec, int merge, LinkScratch*
       // A shared link drains in at least load / bw and at most load / (bw * eta(k)); only the
       // links whose upper end passes the busiest plain time can decide the maximum, so only
       // their flow sizes are gathered and sorted.
-      bool any = false;
+      // (The test is screened with multiplications by reciprocals; only values within kScreen
+      // of the threshold take the exact division.)  The sizes go into one buffer, each needed
+      // link's segment as long as its flow count.
+      std::vector<int>& needed = ls->needed;
+      needed.clear();
+      int total_flows = 0;
       for (int l : ls->touched) {
-        const bool need = ls->flows[l] > 1 && ls->load[l] / (link_bw_[l] * eta(ls->flows[l])) > worst;
-        ls->need[l] = need;
-        any = any || need;
+        const int k = ls->flows[l];
+        if (k < 2) continue;
+        const double u = ls->load[l] * inv_bw_[l] * inv_eta(k);
+        const bool need = u > worst * (1.0 + kScreen) ||
+                          (u >= worst * (1.0 - kScreen) && ls->load[l] / (link_bw_[l] * eta(k)) > worst);
+        if (!need) continue;
+        ls->need[l] = 1;
+        ls->bucket_at[l] = total_flows;
+        total_flows += k;
+        needed.push_back(l);
       }
-      if (any) {
+      if (!needed.empty()) {
+        ls->bucket.resize(static_cast<size_t>(total_flows));
+        double* buf = ls->bucket.data();
         for (size_t f = 0; f < ls->flow_pair.size(); ++f)
           for (int l : links_of(ls->flow_pair[f]))
-            if (ls->need[l]) ls->sizes_on[l].push_back(ls->flow_bytes[f]);
-        for (int l : ls->touched) {
-          std::vector<double>& sz = ls->sizes_on[l];
-          if (sz.empty()) continue;
-          std::sort(sz.begin(), sz.end());
+            if (ls->need[l]) buf[ls->bucket_at[l]++] = ls->flow_bytes[f];
+        for (int l : needed) {
+          const int k = ls->flows[l];
+          double* sz = buf + (ls->bucket_at[l] - k);
+          std::sort(sz, sz + k);
           double t = 0.0;
-          for (size_t i = 0; i < sz.size(); ++i) t += sz[i] / (link_bw_[l] * eta(static_cast<int>(sz.size() - i)));
-          sz.clear();
+          for (int i = 0; i < k; ++i) t += sz[i] / (link_bw_[l] * eta(k - i));
           ls->need[l] = 0;
           worst = std::max(worst, t);
         }

@@ -82,6 +82,7 @@ class Scheduler {
   double drain_cost(LinkScratch* ls, double limit) const;
   double event_time(LinkScratch* ls, double limit) const;
   double eta(int k) const;
+  double inv_eta(int k) const;
   double merged_cost(const std::vector<std::vector<int>>& chans, const std::vector<std::vector<int64_t>>& bytes,
                      int merge, LinkScratch* ls, double limit) const;
   double phase_cost(const Phase& phase) const;
@@ -147,6 +148,8 @@ class Scheduler {
   CostModel model_;
   int candidates_ = kCatalogChannels | kLinkGreedy | kPeerRounds | kDirect;
   std::vector<double> eta_table_;  // eta(k) for small k under model_
+  std::vector<double> inv_eta_table_;  // 1 / eta(k)
+  std::vector<double> inv_bw_;         // 1 / link bandwidth
 };
 
 }  // namespace varipath
