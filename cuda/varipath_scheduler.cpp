@@ -192,9 +192,11 @@ std::vector<double> Scheduler::pair_urgency(const std::vector<int64_t>& demand, 
   *bound_s = top;
   std::vector<double> w(demand.size(), 0.0);
   if (top <= 0.0) return w;
+  std::vector<double> busy(load.size());  // each link's time, divided once
+  for (size_t l = 0; l < load.size(); ++l) busy[l] = load[l] / link_bw_[l];
   for (size_t p = 0; p < demand.size(); ++p) {
     double u = 0.0;
-    for (int l : links_of(p)) u = std::max(u, load[l] / link_bw_[l]);
+    for (int l : links_of(p)) u = std::max(u, busy[l]);
     w[p] = kMinWeight + u / top;
   }
   return w;
@@ -620,19 +622,6 @@ std::vector<Phase> Scheduler::materialize(const std::vector<std::vector<int>>& c
   return out;
 }
 
-std::vector<Phase> Scheduler::peer_rounds(const std::vector<int64_t>& demand) const {
-  std::vector<Phase> out;
-  for (int k = 1; k < n_; ++k) {
-    Phase ph;
-    for (int s = 0; s < n_; ++s) {
-      const int d = (s + k) % n_;
-      if (demand[s * n_ + d] > 0) ph.push_back(Transfer{s, d, demand[s * n_ + d]});
-    }
-    if (!ph.empty()) out.push_back(std::move(ph));
-  }
-  return out;
-}
-
 std::vector<Phase> Scheduler::plan(const std::vector<int64_t>& demand) const {
   return plan_info(demand, nullptr);
 }
@@ -898,13 +887,16 @@ Scheduler::Decomposition Scheduler::peer_decomposition(const std::vector<int64_t
   Decomposition dec;
   dec.family = kPeerRounds;
   dec.unique = true;
-  for (const Phase& ph : peer_rounds(demand)) {
+  for (int k = 1; k < n_; ++k) {
     std::vector<int> pairs;
     std::vector<int64_t> amount;
-    for (const Transfer& t : ph) {
-      pairs.push_back(t.src * n_ + t.dst);
-      amount.push_back(t.bytes);
+    for (int s = 0; s < n_; ++s) {
+      const int p = s * n_ + (s + k) % n_;
+      if (demand[p] <= 0) continue;
+      pairs.push_back(p);
+      amount.push_back(demand[p]);
     }
+    if (pairs.empty()) continue;
     dec.pairs.push_back(std::move(pairs));
     dec.bytes.push_back(std::move(amount));
   }

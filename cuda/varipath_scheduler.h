@@ -130,7 +130,6 @@ class Scheduler {
     const int* end() const { return e; }
   };
   LinkSpan links_of(int p) const { return {pl_.data() + pl_off_[p], pl_.data() + pl_off_[p + 1]}; }
-  std::vector<Phase> peer_rounds(const std::vector<int64_t>& demand) const;
   std::vector<Phase> materialize(const std::vector<std::vector<int>>& chans,
                                  const std::vector<std::vector<int64_t>>& bytes, int merge) const;
 
