@@ -583,17 +583,28 @@ double Scheduler::estimate(const std::vector<Phase>& phases) const {
 // `limit` (what the candidate must beat) the rest is not simulated and +inf is returned.
 double Scheduler::merged_cost(const std::vector<std::vector<int>>& chans,
                               const std::vector<std::vector<int64_t>>& bytes, int merge, LinkScratch* ls,
-                              double limit) const {
+                              double limit, const std::vector<double>* group_bounds) const {
   double total = 0.0;
   const size_t groups = (chans.size() + merge - 1) / merge;
+  // Lower bounds of the groups still to come: their merged_bound() values when given, else
+  // their start latencies.
+  const bool bounded = group_bounds && group_bounds->size() == groups;
+  double rest = 0.0;
+  if (bounded)
+    for (double b : *group_bounds) rest += b;
   for (size_t g = 0, start = 0; start < chans.size(); start += merge, ++g) {
+    if (bounded) {
+      rest -= (*group_bounds)[g];
+      rest = std::max(rest, 0.0);
+      if (total + (*group_bounds)[g] + rest >= limit) return std::numeric_limits<double>::infinity();
+    } else {
+      rest = latency_s_ * static_cast<double>(groups - g - 1);
+    }
     const size_t stop = std::min(chans.size(), start + static_cast<size_t>(merge));
     for (size_t i = start; i < stop; ++i)
       for (size_t k = 0; k < chans[i].size(); ++k) add_transfer(ls, chans[i][k], bytes[i][k], true);
-    // Every later group pays at least its start latency.
     // The event model stops once this group's share of `limit` is spent; then the sum below
     // reaches `limit` too.
-    const double rest = latency_s_ * static_cast<double>(groups - g - 1);
     total += drain_cost(ls, limit - total - rest);
     if (total + rest >= limit) return std::numeric_limits<double>::infinity();
   }
@@ -761,7 +772,8 @@ std::vector<std::vector<int>> Scheduler::link_greedy(const std::vector<int64_t>&
 // link)), which no sharing can beat.  Exact when no link carries two flows (and no source
 // queues): then every flow runs alone.  *exact reports whether every group was exact.
 double Scheduler::merged_bound(const Decomposition& dec, int merge, LinkScratch* ls, bool* exact,
-                               uint64_t* signature) const {
+                               uint64_t* signature, std::vector<double>* group_bounds) const {
+  if (group_bounds) group_bounds->clear();
   double total = 0.0;
   *exact = true;
   uint64_t sig = 0;
@@ -789,6 +801,7 @@ double Scheduler::merged_bound(const Decomposition& dec, int merge, LinkScratch*
       if (signature) sig = mix64(sig ^ group);
       *exact = *exact && !(queued && sharing_costs);
       total += latency_s_ + worst;
+      if (group_bounds) group_bounds->push_back(latency_s_ + worst);
     }
     if (signature) *signature = sig;
     return total;
@@ -875,6 +888,7 @@ double Scheduler::merged_bound(const Decomposition& dec, int merge, LinkScratch*
     *exact = *exact && !(shared && sharing_costs);
     reset_scratch(ls);
     total += latency_s_ + worst;
+    if (group_bounds) group_bounds->push_back(latency_s_ + worst);
   }
   if (signature) *signature = sig;
   return total;
@@ -1183,7 +1197,7 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
       *info = PlanInfo{floor_s, all, all, static_cast<double>(dec.quantum), 0, dec.family, 1, 0};
     return materialize(dec.pairs, dec.bytes, all);
   }
-  const bool catalog_may_pay = best_exact > (1.0 + kCatalogGain) * floor_s;
+  const bool catalog_may_pay = best_exact > (1.0 + kCatalogGain) * floor_s && model_.eta_beta <= 0.0;
   other_decompositions(demand, weight, top, catalog_may_pay, &decs);
   // Every (decomposition, merge factor 1, 2, 4, ..., all) is a candidate.  Their lower bounds
   // are cheap; the event model is run only for candidates whose bound can still beat the best
@@ -1193,11 +1207,15 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
     int dec, merge;
     bool exact;
     bool reference;  // the peer-round or direct plan itself (see below)
+    int groups = -1;  // index of its per-group bounds in group_bounds (merged_cost()), or -1
     bool operator<(const Candidate& o) const {
       return bound != o.bound ? bound < o.bound : dec != o.dec ? dec < o.dec : merge < o.merge;
     }
   };
   std::vector<Candidate> cands;
+  // Per-group bounds of the candidates that may be simulated (several groups): merged_cost()
+  // stops once the groups done plus the bounds of those left reach what it must beat.
+  std::vector<std::vector<double>> group_bounds;
   // Candidates whose fused phases are identical (the same decomposition from two passes; every
   // decomposition fused into one phase when the order does not matter) are costed once: the
   // first one generated, which is also first among equal bounds.
@@ -1258,8 +1276,10 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
       bool exact = true;
       uint64_t sig = 0;
       const bool signed_ = n_ <= kMaxSimulatedRanks;  // past it nothing is simulated: no need
-      const double bound = m == 1 && decs[d].have1 ? decs[d].bound1
-                                                   : merged_bound(decs[d], m, &ls, &exact, signed_ ? &sig : nullptr);
+      std::vector<double> per_group;
+      const double bound = m == 1 && decs[d].have1
+                               ? decs[d].bound1
+                               : merged_bound(decs[d], m, &ls, &exact, signed_ ? &sig : nullptr, signed_ ? &per_group : nullptr);
       if (m == 1 && decs[d].have1) {
         exact = decs[d].exact1;
         sig = decs[d].sig1;
@@ -1279,6 +1299,10 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
       } else {
         seen.push_back(sig);
         cands.push_back({bound, static_cast<int>(d), m, exact, reference});
+        if (per_group.size() > 1) {
+          cands.back().groups = static_cast<int>(group_bounds.size());
+          group_bounds.push_back(std::move(per_group));
+        }
         best_bound = std::min(best_bound, bound);
       }
       if (m >= count || !worth_fusing(count, bound)) break;
@@ -1321,12 +1345,13 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
   double best_cost = std::numeric_limits<double>::infinity();
   const Candidate* best = nullptr;
   int simulated = 0;
-  // The cheapest exact candidate (its bound is its cost) is reached by the loop below unless a
-  // cheaper one wins first, so a simulation that cannot beat it is stopped early (same choice;
-  // before this, the first simulation in bound order always ran to the end).
+  // The cheapest exact candidate (its bound is its cost, under every model) is reached by the
+  // loop below unless a cheaper one wins first, so a simulation that cannot beat it is stopped
+  // early; a simulated candidate must beat it by the same relative margin as any incumbent
+  // (an event-model tie goes to the exact plan).
   double exact_best = std::numeric_limits<double>::infinity();
   for (const Candidate& c : cands)
-    if (c.exact) exact_best = std::min(exact_best, c.bound);
+    if (c.exact) exact_best = std::min(exact_best, c.bound * (1.0 - 1e-12));
   for (const Candidate& c : cands) {
     if (c.bound >= best_cost * (1.0 - 1e-12)) break;
     // The event model is the expensive part of planning: past kMaxSimulated candidates only
@@ -1339,7 +1364,8 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
     if (!by_bound && ((simulated >= kMaxSimulated && !c.reference) || !affordable(decs[c.dec], c.merge))) continue;
     simulated += by_bound ? 0 : 1;
     const double cost = by_bound ? c.bound
-                                 : merged_cost(decs[c.dec].pairs, decs[c.dec].bytes, c.merge, &ls, std::min(best_cost, exact_best));
+                                 : merged_cost(decs[c.dec].pairs, decs[c.dec].bytes, c.merge, &ls, std::min(best_cost, exact_best),
+                                               c.groups >= 0 ? &group_bounds[c.groups] : nullptr);
     if (cost < best_cost * (1.0 - 1e-12)) {
       best_cost = cost;
       best = &c;

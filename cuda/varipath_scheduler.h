@@ -84,7 +84,7 @@ class Scheduler {
   double eta(int k) const;
   double inv_eta(int k) const;
   double merged_cost(const std::vector<std::vector<int>>& chans, const std::vector<std::vector<int64_t>>& bytes,
-                     int merge, LinkScratch* ls, double limit) const;
+                     int merge, LinkScratch* ls, double limit, const std::vector<double>* group_bounds = nullptr) const;
   double phase_cost(const Phase& phase) const;
   double phase_span(const std::vector<int>& chan, const std::vector<int64_t>& left, const std::vector<int64_t>& cap,
                     const std::vector<double>& rate, const std::vector<double>& weight) const;
@@ -111,7 +111,8 @@ class Scheduler {
   Decomposition direct_decomposition(const std::vector<int64_t>& demand) const;
   Decomposition split_peer_decomposition(const std::vector<int64_t>& demand, const std::vector<double>& weight,
                                          bool sliced) const;
-  double merged_bound(const Decomposition& dec, int merge, LinkScratch* ls, bool* exact, uint64_t* signature) const;
+  double merged_bound(const Decomposition& dec, int merge, LinkScratch* ls, bool* exact, uint64_t* signature,
+                      std::vector<double>* group_bounds = nullptr) const;
   void reset_scratch(LinkScratch* ls) const;
   bool worth_fusing(int phases, double unfused_bound) const;
   bool affordable(const Decomposition& dec, int merge) const;
