@@ -656,6 +656,13 @@ void Scheduler::index_links() {
     }
     pl_off_[p + 1] = static_cast<int>(pl_.size());
   }
+  // Paths padded to 8 links with link index L (one past the last), when none is longer.
+  size_t longest = 0;
+  for (const auto& path : pair_links_) longest = std::max(longest, path.size());
+  pair_path8_.assign(longest <= 8 ? pair_links_.size() * 8 : 0, static_cast<int>(link_bw_.size()));
+  if (longest <= 8)
+    for (size_t p = 0; p < pair_links_.size(); ++p)
+      for (size_t k = 0; k < pair_links_[p].size(); ++k) pair_path8_[p * 8 + k] = pair_links_[p][k];
 }
 
 // Link-greedy decomposition: each phase is built directly from the link model, at most one
@@ -690,10 +697,12 @@ std::vector<std::vector<int>> Scheduler::link_greedy(const std::vector<int64_t>&
   // skipped), every n/4 past kMaxSimulatedRanks ranks.
   const int resort_every = n_ > kMaxSimulatedRanks ? n_ / 4 : std::max(1, n_ / 16);
   const bool masked = !pair_mask_.empty();
+  const bool padded = !pair_path8_.empty();
+  x2.push_back(0.0);  // the padding link of pair_path8_
   while (!active.empty()) {
     const int phase = static_cast<int>(phases.size());
     if (phase % resort_every == 0) {
-      for (size_t l = 0; l < x2.size(); ++l) {
+      for (size_t l = 0; l < link_bw_.size(); ++l) {
         const double x = link_left[l] / link_bw_[l];
         x2[l] = x * x;
       }
@@ -707,10 +716,21 @@ std::vector<std::vector<int>> Scheduler::link_greedy(const std::vector<int64_t>&
       const bool first = order.empty();
       if (first)
         for (int p : active) order.push_back({0.0, p});
-      for (auto& entry : order) {
-        double u = 0.0;
-        for (int l : links_of(entry.second)) u += x2[l];
-        entry.first = -u;  // ascending: most urgent first, then lowest pair id
+      if (padded) {
+        // Fixed-length paths padded with a link whose x2 is 0 (adding 0.0 changes no sum):
+        // no branch on the path length.
+        for (auto& entry : order) {
+          const int* pl = pair_path8_.data() + static_cast<size_t>(entry.second) * 8;
+          double u = 0.0;
+          for (int k = 0; k < 8; ++k) u += x2[pl[k]];
+          entry.first = -u;  // ascending: most urgent first, then lowest pair id
+        }
+      } else {
+        for (auto& entry : order) {
+          double u = 0.0;
+          for (int l : links_of(entry.second)) u += x2[l];
+          entry.first = -u;  // ascending: most urgent first, then lowest pair id
+        }
       }
       if (first) std::sort(order.begin(), order.end());
       for (size_t i = 1; i < order.size() && !first; ++i) {

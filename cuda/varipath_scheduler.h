@@ -144,6 +144,7 @@ class Scheduler {
   std::vector<int> pl_off_, pl_;               // the same, flattened (pair p: pl_[pl_off_[p]..pl_off_[p+1]))
   std::vector<double> pair_rate_;              // full rate of each pair running alone
   std::vector<double> pair_min_bw_;            // narrowest link on each pair's path
+  std::vector<int> pair_path8_;                // pair id -> its links padded to 8 (link count as pad), when <= 8
   std::vector<uint64_t> pair_mask_;            // pair id -> bit set of its links (when there are <= 64)
   CostModel model_;
   int candidates_ = kCatalogChannels | kLinkGreedy | kPeerRounds | kDirect;
