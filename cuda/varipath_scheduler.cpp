@@ -614,10 +614,14 @@ double Scheduler::merged_cost(const std::vector<std::vector<int>>& chans,
 std::vector<Phase> Scheduler::materialize(const std::vector<std::vector<int>>& chans,
                                           const std::vector<std::vector<int64_t>>& bytes, int merge) const {
   std::vector<Phase> out;
+  out.reserve((chans.size() + merge - 1) / merge);
   std::vector<int> slot(static_cast<size_t>(n_) * n_, -1);
   for (size_t start = 0; start < chans.size(); start += merge) {
     Phase ph;
     const size_t stop = std::min(chans.size(), start + static_cast<size_t>(merge));
+    size_t most = 0;  // transfers before merging repeated pairs: enough room
+    for (size_t i = start; i < stop; ++i) most += chans[i].size();
+    ph.reserve(most);
     for (size_t i = start; i < stop; ++i)
       for (size_t k = 0; k < chans[i].size(); ++k) {
         const int p = chans[i][k];
