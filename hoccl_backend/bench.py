@@ -3,6 +3,7 @@
     python -m hoccl_backend.bench                         # hoccl and gloo, world 2 and 4
     python -m hoccl_backend.bench --backend hoccl --world 4 --ops all_reduce
     python -m hoccl_backend.bench --json out.json --plot out.png
+    python -m hoccl_backend.bench --thp                   # ranks allocate >= 2 MiB tensors on huge pages
     python -m hoccl_backend.bench --overlap               # GPU only: GEMM slowdown under comm
 
 Each world size runs in one set of spawned ranks holding a group per backend. For each (op,
@@ -11,6 +12,12 @@ meet the same machine load; a backend's time is the median over rounds of the sl
 time per iteration. algbw = bytes / time; busbw = algbw x the nccl-tests factor
 (all_reduce 2(n-1)/n, the others (n-1)/n). "bytes" is the full buffer: all_reduce's tensor,
 all_gather's output, reduce_scatter's input, all_to_all's per-rank input.
+
+--thp sets torch's THP_MEM_ALLOC_ENABLE=1 in the ranks (both backends use the same kind of
+tensors): allocations of 2 MiB and more are 2 MiB-aligned and advised onto transparent huge
+pages. hoccl's cross-process reads (process_vm_readv) pin the source pages on every call, once
+per 4 KiB page without it and once per 2 MiB page with it. Without --thp the ranks inherit the
+caller's environment; the header says which applied.
 """
 from __future__ import annotations
 
@@ -267,6 +274,8 @@ def main(argv=None) -> int:
                         help="timing rounds per (op, size); backends alternate round by round (default 5)")
     parser.add_argument("--markdown", action="store_true", help="also print the README's markdown table")
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--thp", action="store_true",
+                        help="ranks allocate tensors of 2 MiB and more on huge pages (torch's THP_MEM_ALLOC_ENABLE=1)")
     parser.add_argument("--overlap", action="store_true", help="GPU: GEMM throughput under communication")
     args, rest = parser.parse_known_args(argv)
     if args.overlap:
@@ -282,6 +291,9 @@ def main(argv=None) -> int:
         if op not in OPS:
             parser.error(f"unknown op {op!r}; choose from {OPS}")
     sizes = [parse_size(s) for s in args.sizes.split(",")] if args.sizes else DEFAULT_SIZES
+    if args.thp:
+        os.environ["THP_MEM_ALLOC_ENABLE"] = "1"  # read by torch in the spawned ranks
+    thp = os.environ.get("THP_MEM_ALLOC_ENABLE", "0") == "1"
     rows = []
     before = memcpy_bandwidth()
     for world in worlds:
@@ -290,13 +302,14 @@ def main(argv=None) -> int:
     mc = (before + after) / 2
     load = " ".join(f"{v:.2f}" for v in os.getloadavg())
     print(f"# machine: {os.cpu_count()} cores; single-core memcpy {mc:.2f} GB/s "
-          f"(before {before:.2f}, after {after:.2f}); load average {load}")
+          f"(before {before:.2f}, after {after:.2f}); load average {load}; "
+          f"ranks' tensors on huge pages (THP_MEM_ALLOC_ENABLE): {'on' if thp else 'off'}")
     print_table(rows, backends, mc)
     if args.markdown and "hoccl" in backends and "gloo" in backends:
         print_markdown(rows, mc)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"memcpy_GBps": mc, "memcpy_before_after_GBps": [before, after], "rows": rows}, f, indent=1)
+            json.dump({"memcpy_GBps": mc, "memcpy_before_after_GBps": [before, after], "thp": thp, "rows": rows}, f, indent=1)
     if args.plot:
         plot(rows, args.plot)
         print(f"plot written to {args.plot}")
