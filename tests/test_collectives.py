@@ -151,8 +151,8 @@ def check_all_to_all(rank, world, algo):
 def check_aliased_buffers(rank, world):
     """Outputs that alias inputs, as users write them: all_to_all in place (gloo corrupts it),
     all_gather_into_tensor from the rank's own slice of the output (FSDP's pattern) and
-    reduce_scatter_tensor into the rank's own slice of the input. Sizes cover staged and
-    direct-read paths."""
+    reduce_scatter_tensor into the rank's own slice of the input, gather / scatter whose root
+    passes its own list slot. Sizes cover staged and direct-read paths."""
     case = 500_000
     for n in (7, 70_001, 300_000):
         case += 1
@@ -183,6 +183,22 @@ def check_aliased_buffers(rank, world):
         dist.reduce_scatter_tensor(x[rank * n:(rank + 1) * n], x)
         expected = reference_reduce([t[rank * n:(rank + 1) * n] for t in inputs], "sum", world)
         assert_close(x[rank * n:(rank + 1) * n], expected, f"reduce_scatter_tensor into own slice n={n}")
+
+        # gather whose root passes its own slot of gather_list as the input, scatter whose root
+        # receives into its own slot of scatter_list; every root in turn.
+        for root in range(world):
+            case += 1
+            inputs = [make_input(r, case, n, torch.float32) for r in range(world)]
+            slots = [torch.full((n,), float("nan")) for _ in range(world)]
+            slots[rank].copy_(inputs[rank])
+            dist.gather(slots[rank], slots if rank == root else None, dst=root)
+            if rank == root:
+                assert_close(torch.cat(slots), torch.cat(inputs), f"gather into own slot n={n} root={root}")
+            pieces = [make_input(root, case, n, torch.float32) + r for r in range(world)]
+            src_list = [p.clone() for p in pieces] if rank == root else None
+            out = src_list[root] if rank == root else torch.full((n,), float("nan"))
+            dist.scatter(out, src_list, src=root)
+            assert_close(out, pieces[rank], f"scatter from own slot n={n} root={root}")
     return True
 
 
