@@ -270,19 +270,27 @@ def test_covers_skewed_demand_at_64_ranks(model, traffic):
         _check_cover(s.plan(dem.ravel().tolist()), dem)
 
 
-def test_split_peer_rounds_stand_in_for_link_greedy_past_its_budget():
-    """At 64 ranks link-greedy's work (112 pairs on a NIC x 4032 pairs) is over the budget, so
-    with only the link-greedy family allowed the planner builds split peer rounds instead: its
-    unfused phases put at most one transfer on every directed link (Topology.path), cover the
-    demand, and the plan is within 10 % of the lower bound at 1 GB per rank (Python simulator)."""
+def _split_peer_rounds_plan(traffic):
+    """64 ranks (8 gen4 hosts), 1 GB per rank, `contention`, only the link-greedy family allowed:
+    checks that the plan is unfused split peer rounds that cover the demand and put at most one
+    transfer on every directed link (Topology.path); returns (phases, info, lower bound)."""
     topo = Topology.preset("gen4-4sw-2skt", 8)
-    dem = make("uniform", topo.num_gpus, 1024 * MB)
+    dem = make(traffic, topo.num_gpus, 1024 * MB)
     phases, info = _fresh_scheduler(topo, "contention", link_greedy=True).plan_info(dem.ravel().tolist())
     assert info["candidate"] == "peer_split" and info["merge_factor"] == 1
     _check_cover(phases, dem)
     for ph in phases:
         _check_link_disjoint(ph, topo)
-    assert info["est_cost_s"] <= 1.10 * varipath.lower_bound(topo, dem)
+    return phases, info, varipath.lower_bound(topo, dem)
+
+
+def test_split_peer_rounds_stand_in_for_link_greedy_past_its_budget():
+    """At 64 ranks link-greedy's work (112 pairs on a NIC x 4032 pairs) is over the budget, so
+    with only the link-greedy family allowed the planner builds split peer rounds instead: its
+    unfused phases put at most one transfer on every directed link (Topology.path), cover the
+    demand, and the plan is within 10 % of the lower bound at 1 GB per rank (Python simulator)."""
+    _, info, lb = _split_peer_rounds_plan("uniform")
+    assert info["est_cost_s"] <= 1.10 * lb
 
 
 def test_one_host_still_uses_link_greedy():
@@ -322,13 +330,7 @@ def test_split_peer_rounds_sliced_under_contention_at_bandwidth_bound_sizes():
     (1 GB per rank), split peer rounds are sliced to the span of each phase's first transfer: a
     pair may be spread over several phases, each still link-disjoint, and the demand is covered
     exactly."""
-    topo = Topology.preset("gen4-4sw-2skt", 8)
-    dem = make("moe-top2", topo.num_gpus, 1024 * MB)
-    phases, info = _fresh_scheduler(topo, "contention", link_greedy=True).plan_info(dem.ravel().tolist())
-    assert info["candidate"] == "peer_split" and info["merge_factor"] == 1
-    _check_cover(phases, dem)
-    for ph in phases:
-        _check_link_disjoint(ph, topo)
+    phases, info, lb = _split_peer_rounds_plan("moe-top2")
     pairs = [(s, d) for ph in phases for s, d, _ in ph]
     assert len(pairs) > len(set(pairs))  # some pair was sliced
-    assert info["est_cost_s"] <= 1.35 * varipath.lower_bound(topo, dem)
+    assert info["est_cost_s"] <= 1.35 * lb
