@@ -189,8 +189,12 @@ def copy_fraction(row: dict, memcpy_GBps: float) -> float:
     return min_copy_bytes(row["op"], row["world"], row["bytes"]) / seconds / (memcpy_GBps * 1e9)
 
 
+def _by_key(rows: list[dict]) -> dict:
+    return {(r["backend"], r["world"], r["op"], r["bytes"]): r for r in rows}
+
+
 def print_table(rows: list[dict], backends: list[str], memcpy_GBps: float) -> None:
-    keyed = {(r["backend"], r["world"], r["op"], r["bytes"]): r for r in rows}
+    keyed = _by_key(rows)
     worlds = sorted({r["world"] for r in rows})
     ops = [o for o in OPS if any(r["op"] == o for r in rows)]
     for world in worlds:
@@ -221,7 +225,7 @@ def print_table(rows: list[dict], backends: list[str], memcpy_GBps: float) -> No
 
 def print_markdown(rows: list[dict], memcpy_GBps: float) -> None:
     """The README's table: hoccl beside gloo, one table per world size."""
-    keyed = {(r["backend"], r["world"], r["op"], r["bytes"]): r for r in rows}
+    keyed = _by_key(rows)
     for world in sorted({r["world"] for r in rows}):
         print(f"\n**world {world}** (single-core memcpy {memcpy_GBps:.2f} GB/s in this run)\n")
         print("| op | bytes | hoccl µs | hoccl busbw | gloo µs | gloo busbw | hoccl ÷ gloo | copy % |")
