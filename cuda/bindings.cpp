@@ -6,6 +6,7 @@
 #include "cuda_bindings.h"
 #include "plan.h"
 #include "process_group.h"
+#include "shared_tensor.h"
 
 namespace py = pybind11;
 
@@ -47,6 +48,11 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("kind"), py::arg("rank"), py::arg("world"), py::arg("bytes"), py::arg("elem_size") = 4,
       py::arg("slot_bytes") = 4 << 20, py::arg("root") = 0, py::arg("one_shot_max_bytes") = 64 << 10);
+  m.def("shared_bytes", &hoccl::sharedBytes, py::arg("nbytes"),
+        "uninitialised uint8 CPU tensor in memory local peers can map (see hoccl_backend.empty)");
+  m.def("is_shared", &hoccl::isShared, py::arg("tensor"));
+  m.def("peer_mapped_bytes", &hoccl::PeerMappings::bytesRead,
+        "bytes this process read from peers' shared tensors through mappings (all groups)");
   bindCuda(m);
 #ifdef HOCCL_WITH_CUDA
   m.attr("built_with_cuda") = true;

@@ -37,12 +37,16 @@ class Executor {
  private:
   char* resolve(const Loc& loc, const ExecContext& ctx) const;
   uint64_t remoteAddress(const Loc& loc) const;
+  // Peer memory as a local pointer when the block is a shared tensor this process can map;
+  // nullptr: read it with cross-memory copies.
+  const char* mappedPeer(const Loc& loc, size_t bytes);
   void publishAddresses(const ExecContext& ctx, uint32_t parity);
   void copy(const Step& step, const ExecContext& ctx);
   void reduce(const Step& step, const ExecContext& ctx);
   ShmGroup& group_;
   int64_t streamingMinBytes_;
   uint32_t addressParity_ = 0;  // parity of the current op's first barrier
+  PeerMappings peerMaps_;
   std::vector<char> tiles_;     // per-source staging for reductions over remote memory
   uint32_t barriers_ = 0;
   uint32_t bufCursor_ = 0;

@@ -488,13 +488,17 @@ void ProcessGroupHOCCL::runCollective(Collective& c) {
     lastAlgo_ = plan->algo;
   }
   if (config_.debug >= 2) std::fprintf(stderr, "[hoccl rank %d] %s", rank_, plan->describe().c_str());
+  const uint64_t mappedBefore = config_.debug >= 1 ? PeerMappings::bytesRead() : 0;
   executor_->run(*plan, c.ctx);
   if (config_.debug >= 1) {
     double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
-    std::fprintf(stderr, "[hoccl rank %d] %s #%u algo=%s transport=%s bytes=%lld time=%.1f us\n", rank_,
-                 c.opName, c.ctx.desc.opSeq, plan->algo.c_str(),
+    // mapped = bytes read from peers' shared tensors (hoccl_backend.empty) through mappings
+    // (process-wide counter: approximate while other groups run ops on other threads).
+    std::fprintf(stderr, "[hoccl rank %d] %s #%u algo=%s transport=%s bytes=%lld mapped=%llu time=%.1f us\n",
+                 rank_, c.opName, c.ctx.desc.opSeq, plan->algo.c_str(),
                  plan->algo.find("direct-read") != std::string::npos ? "shm+cma" : "shm",
-                 static_cast<long long>(c.req.bytes), us);
+                 static_cast<long long>(c.req.bytes),
+                 static_cast<unsigned long long>(PeerMappings::bytesRead() - mappedBefore), us);
   }
 }
 

@@ -15,7 +15,7 @@
 namespace hoccl {
 namespace {
 
-constexpr uint64_t kMagic = 0x686f63636c763031ULL;  // "hocclv01"
+constexpr uint64_t kMagic = 0x686f63636c763032ULL;  // "hocclv02"
 
 size_t alignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
@@ -46,6 +46,8 @@ void ShmGroup::computeLayout() {
   off += alignUp(w * 2 * 2 * w * sizeof(int64_t), 64);
   addressesOffset_ = off;
   off += alignUp(w * 2 * 2 * w * sizeof(uint64_t), 64);
+  regionsOffset_ = off;
+  off += alignUp(w * 2 * 2 * w * sizeof(SharedRegionRef), 64);
   ringCtlOffset_ = off;
   off += alignUp(w * w * sizeof(RingControl), 4096);
   slotOffset_ = off;
@@ -166,6 +168,11 @@ int64_t* ShmGroup::splits(int r, int parity) const {
 uint64_t* ShmGroup::blockAddresses(int r, int parity) const {
   size_t w = static_cast<size_t>(world_);
   return reinterpret_cast<uint64_t*>(base_ + addressesOffset_) + (static_cast<size_t>(r) * 2 + parity) * 2 * w;
+}
+
+SharedRegionRef* ShmGroup::blockRegions(int r, int parity) const {
+  size_t w = static_cast<size_t>(world_);
+  return reinterpret_cast<SharedRegionRef*>(base_ + regionsOffset_) + (static_cast<size_t>(r) * 2 + parity) * 2 * w;
 }
 
 RingControl& ShmGroup::ringControl(int src, int dst) const {

@@ -10,6 +10,7 @@
 #include <functional>
 #include <string>
 
+#include "shared_tensor.h"
 #include "shm_segment.h"
 
 namespace hoccl {
@@ -81,6 +82,8 @@ class ShmGroup {
   // 2*world entries: addresses (in rank r's own address space) of its input blocks, then output
   // blocks, for the op whose first barrier had this parity. Read with cross-memory copies.
   uint64_t* blockAddresses(int r, int parity) const;
+  // Same layout: where each of those blocks lives, for peers that can map it (shared tensors).
+  SharedRegionRef* blockRegions(int r, int parity) const;
   // True when every rank can read every peer's memory directly (process_vm_readv).
   bool crossMemory() const { return crossMemory_; }
   int pid(int r) const { return control(r).pid; }
@@ -101,7 +104,7 @@ class ShmGroup {
   void checkAlive(int r, const std::string& what) const;
 
  private:
-  size_t controlOffset_ = 0, splitsOffset_ = 0, addressesOffset_ = 0, ringCtlOffset_ = 0, slotOffset_ = 0,
+  size_t controlOffset_ = 0, splitsOffset_ = 0, addressesOffset_ = 0, regionsOffset_ = 0, ringCtlOffset_ = 0, slotOffset_ = 0,
          ringDataOffset_ = 0, totalBytes_ = 0;
   void computeLayout();
   void rendezvous(const c10::intrusive_ptr<c10d::Store>& store, std::chrono::milliseconds timeout);

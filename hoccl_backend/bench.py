@@ -4,6 +4,7 @@
     python -m hoccl_backend.bench --backend hoccl --world 4 --ops all_reduce
     python -m hoccl_backend.bench --json out.json --plot out.png
     python -m hoccl_backend.bench --thp                   # ranks allocate >= 2 MiB tensors on huge pages
+    python -m hoccl_backend.bench --shared-buffers        # buffers from hoccl_backend.empty()
     python -m hoccl_backend.bench --overlap               # GPU only: GEMM slowdown under comm
 
 Each world size runs in one set of spawned ranks holding a group per backend. For each (op,
@@ -18,6 +19,10 @@ tensors): allocations of 2 MiB and more are 2 MiB-aligned and advised onto trans
 pages. hoccl's cross-process reads (process_vm_readv) pin the source pages on every call, once
 per 4 KiB page without it and once per 2 MiB page with it. Without --thp the ranks inherit the
 caller's environment; the header says which applied.
+
+--shared-buffers allocates every benchmarked buffer with hoccl_backend.empty() (shared memory
+that hoccl's peers map once and then read with plain loads, like NCCL's registered buffers and
+nccl-tests' -R), for both backends; gloo handles them as any CPU tensor.
 """
 from __future__ import annotations
 
@@ -60,18 +65,28 @@ def _run_op(op, buf, group):
         dist.all_to_all_single(buf["out"], buf["x"], group=group)
 
 
-def _buffers(op, nbytes, world):
+def _buffers(op, nbytes, world, shared=False):
     import torch
+
+    if shared:
+        import hoccl_backend
+
+        empty = hoccl_backend.empty
+    else:
+        empty = torch.empty
+
+    def ones(k):
+        return empty(k).fill_(1.0)
 
     n = max(1, nbytes // 4)
     n = (n + world - 1) // world * world  # divisible, for the sharded ops
     if op == "all_reduce":
-        return {"x": torch.ones(n)}
+        return {"x": ones(n)}
     if op == "all_gather":
-        return {"x": torch.ones(n // world), "out": torch.empty(n)}
+        return {"x": ones(n // world), "out": empty(n)}
     if op == "reduce_scatter":
-        return {"x": torch.ones(n), "out": torch.empty(n // world)}
-    return {"x": torch.ones(n), "out": torch.empty(n)}
+        return {"x": ones(n), "out": empty(n // world)}
+    return {"x": ones(n), "out": empty(n)}
 
 
 def _time_round(op, buf, group, iters):
@@ -85,7 +100,7 @@ def _time_round(op, buf, group, iters):
     return (time.perf_counter() - start) / iters
 
 
-def _rank_job(rank, world, backends, ops, sizes, rounds, port, queue, show_progress):
+def _rank_job(rank, world, backends, ops, sizes, rounds, port, queue, show_progress, shared):
     """One rank: a group per backend, and for each (op, size) the backends take turns, round by
     round, so that every backend meets the same machine load (this VM's speed drifts up to 3x within
     minutes). The figure per backend is the median over rounds of the slowest rank's mean."""
@@ -104,7 +119,7 @@ def _rank_job(rank, world, backends, ops, sizes, rounds, port, queue, show_progr
     done = 0
     for op in ops:
         for nbytes in sizes:
-            bufs = {b: _buffers(op, nbytes, world) for b in backends}
+            bufs = {b: _buffers(op, nbytes, world, shared) for b in backends}
             # At least 3 calls per round: one call right after the round's barrier also times the
             # ranks' skew leaving it, and rounds of 64 MB had a single call.
             per_round = max(3, _iters_for(nbytes) // rounds)
@@ -136,7 +151,8 @@ def _rank_job(rank, world, backends, ops, sizes, rounds, port, queue, show_progr
         queue.put(rows)
 
 
-def run_world(backends: list[str], world: int, ops, sizes, rounds: int = 5, show_progress=True) -> list[dict]:
+def run_world(backends: list[str], world: int, ops, sizes, rounds: int = 5, show_progress=True,
+              shared=False) -> list[dict]:
     import multiprocessing as mp
     import socket
 
@@ -146,7 +162,7 @@ def run_world(backends: list[str], world: int, ops, sizes, rounds: int = 5, show
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     procs = [ctx.Process(target=_rank_job,
-                         args=(r, world, backends, ops, sizes, rounds, port, queue, show_progress))
+                         args=(r, world, backends, ops, sizes, rounds, port, queue, show_progress, shared))
              for r in range(world)]
     for p in procs:
         p.start()
@@ -280,6 +296,8 @@ def main(argv=None) -> int:
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--thp", action="store_true",
                         help="ranks allocate tensors of 2 MiB and more on huge pages (torch's THP_MEM_ALLOC_ENABLE=1)")
+    parser.add_argument("--shared-buffers", action="store_true",
+                        help="allocate the buffers with hoccl_backend.empty() (peers map them once)")
     parser.add_argument("--overlap", action="store_true", help="GPU: GEMM throughput under communication")
     args, rest = parser.parse_known_args(argv)
     if args.overlap:
@@ -301,19 +319,22 @@ def main(argv=None) -> int:
     rows = []
     before = memcpy_bandwidth()
     for world in worlds:
-        rows += run_world(backends, world, ops, sizes, args.rounds, show_progress=not args.no_progress)
+        rows += run_world(backends, world, ops, sizes, args.rounds, show_progress=not args.no_progress,
+                          shared=args.shared_buffers)
     after = memcpy_bandwidth()
     mc = (before + after) / 2
     load = " ".join(f"{v:.2f}" for v in os.getloadavg())
     print(f"# machine: {os.cpu_count()} cores; single-core memcpy {mc:.2f} GB/s "
           f"(before {before:.2f}, after {after:.2f}); load average {load}; "
-          f"ranks' tensors on huge pages (THP_MEM_ALLOC_ENABLE): {'on' if thp else 'off'}")
+          f"ranks' tensors on huge pages (THP_MEM_ALLOC_ENABLE): {'on' if thp else 'off'}; "
+          f"buffers: {'hoccl_backend.empty (shared)' if args.shared_buffers else 'torch.empty'}")
     print_table(rows, backends, mc)
     if args.markdown and "hoccl" in backends and "gloo" in backends:
         print_markdown(rows, mc)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"memcpy_GBps": mc, "memcpy_before_after_GBps": [before, after], "thp": thp, "rows": rows}, f, indent=1)
+            json.dump({"memcpy_GBps": mc, "memcpy_before_after_GBps": [before, after], "thp": thp,
+                       "shared_buffers": args.shared_buffers, "rows": rows}, f, indent=1)
     if args.plot:
         plot(rows, args.plot)
         print(f"plot written to {args.plot}")

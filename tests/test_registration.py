@@ -77,6 +77,9 @@ def debug_log(rank, world):
     try:
         dist.all_reduce(torch.ones(1000))
         dist.all_gather_into_tensor(torch.empty(2 * world * 100000), torch.ones(2 * 100000))
+        import hoccl_backend
+
+        dist.all_gather_into_tensor(torch.empty(2 * world * 100000), hoccl_backend.zeros(2 * 100000))
     finally:
         os.dup2(saved, 2)
     log.seek(0)
@@ -86,8 +89,10 @@ def debug_log(rank, world):
 def test_debug_info_logs_algorithm_transport_bytes_time():
     logs = run_ranks(debug_log, 2, env={"HOCCL_DEBUG": "INFO"})
     for rank, text in enumerate(logs):
-        assert f"[hoccl rank {rank}] all_reduce #1 algo=allreduce/one-shot transport=shm bytes=4000 time=" in text, text
-        assert "all_gather #2 algo=all_gather/direct-read transport=shm+cma bytes=800000" in text, text
+        assert f"[hoccl rank {rank}] all_reduce #1 algo=allreduce/one-shot transport=shm bytes=4000 mapped=0 time=" in text, text
+        assert "all_gather #2 algo=all_gather/direct-read transport=shm+cma bytes=800000 mapped=0 " in text, text
+        # the peer's input is a shared tensor: read through a mapping, not process_vm_readv
+        assert "all_gather #3 algo=all_gather/direct-read transport=shm+cma bytes=800000 mapped=800000 " in text, text
 
 
 def test_debug_trace_prints_the_plan():
