@@ -1,6 +1,7 @@
 #include "shm_group.h"
 
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -35,6 +36,18 @@ bool processAlive(int pid) {
   return state != 'Z' && state != 'X';
 }
 
+// Under the Yama LSM with ptrace_scope = 1 (Ubuntu's default) a process may only ptrace, and so
+// process_vm_readv, its own descendants, and torchrun's ranks are siblings: every probe would
+// fail and every op would fall back to staging. A process can name who may do so; like Open
+// MPI's shared-memory transport, allow any process of the same user (the kernel's uid checks
+// still apply). Scope 2 and 3 (admin-only, none) are left alone. Not reached with
+// HOCCL_SHM_CMA=0.
+void allowSameUserCrossMemoryUnderYama() {
+  std::ifstream scope("/proc/sys/kernel/yama/ptrace_scope");
+  int value = -1;
+  if (scope >> value && value == 1) prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+}
+
 }  // namespace
 
 void ShmGroup::computeLayout() {
@@ -62,6 +75,7 @@ ShmGroup::ShmGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank, int w
   cfg_.slotBytes = alignUp(cfg_.slotBytes, 4096);
   cfg_.ringBytes = alignUp(cfg_.ringBytes, 4096);
   computeLayout();
+  if (cfg_.crossMemory != 0) allowSameUserCrossMemoryUnderYama();
   rendezvous(store, timeout);
 }
 
