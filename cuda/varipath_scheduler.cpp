@@ -313,13 +313,15 @@ struct Scheduler::LinkScratch {
   std::vector<double> cap0, cap_left, rem;
   std::vector<double> rate, left;
   std::vector<char> state;         // per flow: 0 queued, 1 running, 2 done
-  std::vector<int> running, next_run, waiting;
+  std::vector<int> running, next_run;
+  std::vector<int> src_next, src_head;  // copy engines: next flow of the same source; each source's first queued flow
+  std::vector<double> lbw;              // bandwidth of each local link
   std::vector<char> need;  // bound: shared links whose flow sizes are gathered
   std::vector<int> needed, bucket_at;  // bound: those links; where each one's next size goes
   std::vector<double> bucket;          // bound: their flow sizes, one segment per link
   explicit LinkScratch(size_t links, size_t pairs, size_t gpus)
       : load(links, 0.0), flows(links, 0), slot(pairs, -1), per_source(gpus, 0), sizes_on(links),
-        link_id(links, 0), need(links, 0), bucket_at(links, 0) {}
+        link_id(links, 0), src_head(gpus, -1), need(links, 0), bucket_at(links, 0) {}
 };
 
 void Scheduler::add_transfer(LinkScratch* ls, int pair, int64_t bytes, bool /*new_flow*/) const {
@@ -368,10 +370,13 @@ double Scheduler::event_time(LinkScratch* ls, double limit) const {
   // Link tables: local link ids in first-touch order, flow -> local links, link -> flows.
   ls->act.assign(nl, 0);
   ls->rem.resize(nl);
+  ls->lbw.resize(nl);
   for (size_t i = 0; i < nl; ++i) {
     ls->link_id[ls->touched[i]] = static_cast<int>(i);
     ls->rem[i] = ls->load[ls->touched[i]];
+    ls->lbw[i] = link_bw_[ls->touched[i]];
   }
+  const double* lbw = ls->lbw.data();
   ls->flow_off.resize(nf + 1);
   ls->flow_links.clear();
   ls->link_off.assign(nl + 1, 0);
@@ -398,14 +403,20 @@ double Scheduler::event_time(LinkScratch* ls, double limit) const {
   ls->rate.assign(nf, 0.0);
   ls->state.assign(nf, 0);
   ls->running.clear();
-  ls->waiting.clear();
-  size_t queued_from = 0;  // with copy engines, flows start in list order per source
+  // With copy engines flows start in list order per source: each source's queued flows are
+  // chained (src_next, built back to front) from its first queued one (src_head).
+  if (engines > 0) {
+    ls->src_next.resize(nf);
+    for (size_t f = nf; f-- > 0;) {
+      const int src = ls->flow_pair[f] / n_;
+      ls->src_next[f] = ls->src_head[src];
+      ls->src_head[src] = static_cast<int>(f);
+    }
+  }
   for (size_t f = 0; f < nf; ++f) {
     const int src = ls->flow_pair[f] / n_;
-    if (engines > 0 && ls->per_source[src] >= engines) {
-      ls->waiting.push_back(static_cast<int>(f));
-      continue;
-    }
+    if (engines > 0 && ls->per_source[src] >= engines) continue;
+    if (engines > 0) ls->src_head[src] = ls->src_next[f];  // started: the chain moves on
     ls->per_source[src] += 1;
     ls->running.push_back(static_cast<int>(f));
     ls->state[f] = 1;
@@ -421,7 +432,7 @@ double Scheduler::event_time(LinkScratch* ls, double limit) const {
     for (size_t i = 0; i < nl; ++i) {
       const int a = ls->act[i];
       if (a == 0) continue;
-      ls->cap0[i] = link_bw_[ls->touched[i]] * (a > 1 ? eta(a) : 1.0);
+      ls->cap0[i] = lbw[i] * (a > 1 ? eta(a) : 1.0);
       ls->cap_left[i] = ls->cap0[i];
       ls->unfrozen[i] = a;
       ls->open.push_back(static_cast<int>(i));
@@ -433,19 +444,24 @@ double Scheduler::event_time(LinkScratch* ls, double limit) const {
       // left are dropped from the open list on the way (order kept).
       // (A link's share, what is left of its capacity over its unfrozen flows, only changes
       // when one of its flows is frozen; computing it here is the same value.)
+      // Shares are compared by cross-multiplication (no division per link; the counts are
+      // positive): cap_i / u_i < cap_n / u_n  <=>  cap_i * u_n < cap_n * u_i.
       size_t kept = 0;
       int neck = -1;
-      double low = kDone;
+      double neck_cap = 0.0, neck_u = 1.0;
       for (int i : ls->open) {
-        if (ls->unfrozen[i] == 0) continue;
+        const int u = ls->unfrozen[i];
+        if (u == 0) continue;
         ls->open[kept++] = i;
-        const double share = ls->cap_left[i] / ls->unfrozen[i];
-        if (neck < 0 || share < low) {
+        const double c = ls->cap_left[i], du = static_cast<double>(u);
+        if (neck < 0 || c * neck_u < neck_cap * du) {
           neck = i;
-          low = share;
+          neck_cap = c;
+          neck_u = du;
         }
       }
       ls->open.resize(kept);
+      const double low = neck_cap / neck_u;
       const double level = std::max(low, 0.0);
       for (int k = ls->link_off[neck]; k < ls->link_off[neck + 1]; ++k) {
         const int f = ls->link_flows[k];
@@ -459,8 +475,18 @@ double Scheduler::event_time(LinkScratch* ls, double limit) const {
         }
       }
     }
-    double dt = kDone;
-    for (int f : ls->running) dt = std::min(dt, ls->left[f] / ls->rate[f]);
+    // The step: the smallest left / rate (compared by cross-multiplication, one division).
+    double dt_left = 0.0, dt_rate = 0.0;
+    bool first = true;
+    for (int f : ls->running) {
+      const double l = ls->left[f], r = ls->rate[f];
+      if (first || l * dt_rate < dt_left * r) {
+        dt_left = l;
+        dt_rate = r;
+        first = false;
+      }
+    }
+    const double dt = first ? kDone : dt_left / dt_rate;
     t += dt;
     // Bytes moved on each link in this step (what its flows used of its capacity).
     for (size_t i = 0; i < nl; ++i)
@@ -481,18 +507,14 @@ double Scheduler::event_time(LinkScratch* ls, double limit) const {
       if (engines > 0) {  // the freed copy engine takes this source's next queued transfer
         const int src = ls->flow_pair[f] / n_;
         ls->per_source[src] -= 1;
-        for (size_t w = queued_from; w < ls->waiting.size(); ++w) {
-          const int g = ls->waiting[w];
-          if (g >= 0 && ls->flow_pair[g] / n_ == src) {
-            ls->next_run.push_back(g);
-            ls->state[g] = 1;
-            for (int k = foff[g]; k < foff[g + 1]; ++k) ls->act[fl[k]] += 1;
-            ls->per_source[src] += 1;
-            ls->waiting[w] = -1;
-            break;
-          }
+        const int g = ls->src_head[src];
+        if (g >= 0) {
+          ls->next_run.push_back(g);
+          ls->state[g] = 1;
+          for (int k = foff[g]; k < foff[g + 1]; ++k) ls->act[fl[k]] += 1;
+          ls->per_source[src] += 1;
+          ls->src_head[src] = ls->src_next[g];
         }
-        while (queued_from < ls->waiting.size() && ls->waiting[queued_from] < 0) ++queued_from;
       }
     }
     ls->running.swap(ls->next_run);
@@ -503,7 +525,7 @@ double Scheduler::event_time(LinkScratch* ls, double limit) const {
       double rest = 0.0;
       int hot = -1;
       for (size_t i = 0; i < nl; ++i) {
-        const double x = ls->rem[i] / link_bw_[ls->touched[i]];
+        const double x = ls->rem[i] * inv_bw_[ls->touched[i]];
         if (x > rest) {
           rest = x;
           hot = static_cast<int>(i);
@@ -529,7 +551,10 @@ double Scheduler::event_time(LinkScratch* ls, double limit) const {
       }
     }
   }
-  for (size_t f = 0; f < nf; ++f) ls->per_source[ls->flow_pair[f] / n_] = 0;
+  for (size_t f = 0; f < nf; ++f) {
+    ls->per_source[ls->flow_pair[f] / n_] = 0;
+    if (engines > 0) ls->src_head[ls->flow_pair[f] / n_] = -1;
+  }
   return t;
 }
 
