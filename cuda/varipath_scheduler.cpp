@@ -718,7 +718,17 @@ std::vector<std::vector<int>> Scheduler::link_greedy(const std::vector<int64_t>&
     for (int l : links_of(p)) link_left[l] += static_cast<double>(demand[p]);
   }
   std::vector<int> busy(link_bw_.size(), -1);  // phase index that holds the link
-  std::vector<std::pair<double, int>> order;
+  // Sort keys: the urgency's bit pattern complemented (urgencies are sums of squares, >= +0, whose
+  // bit patterns order like their values: descending urgency), then the pair id (ties to the
+  // lowest); one unsigned 128-bit compare instead of a (double, int) pair compare.
+  using Key = unsigned __int128;
+  auto key_of = [](double u, int p) {
+    uint64_t bits;
+    std::memcpy(&bits, &u, sizeof bits);
+    return (static_cast<Key>(~bits) << 32) | static_cast<uint32_t>(p);
+  };
+  auto pair_of = [](Key k) { return static_cast<int>(static_cast<uint32_t>(k)); };
+  std::vector<Key> order;
   std::vector<double> x2(link_bw_.size(), 0.0);
   std::vector<std::vector<int>> phases;
   // Urgencies drift slowly from phase to phase; with many ranks re-sorting every phase is the
@@ -739,26 +749,28 @@ std::vector<std::vector<int>> Scheduler::link_greedy(const std::vector<int64_t>&
       // drift little between refreshes, so it is nearly sorted (keys are unique: the order is
       // the same as a full sort's).
       size_t kept = 0;
-      for (const auto& entry : order)
-        if (left[entry.second] > 0) order[kept++] = entry;
+      for (const Key entry : order)
+        if (left[pair_of(entry)] > 0) order[kept++] = entry;
       order.resize(kept);
       const bool first = order.empty();
       if (first)
-        for (int p : active) order.push_back({0.0, p});
+        for (int p : active) order.push_back(key_of(0.0, p));
       if (padded) {
         // Fixed-length paths padded with a link whose x2 is 0 (adding 0.0 changes no sum):
         // no branch on the path length.
-        for (auto& entry : order) {
-          const int* pl = pair_path8_.data() + static_cast<size_t>(entry.second) * 8;
+        for (Key& entry : order) {
+          const int p = pair_of(entry);
+          const int* pl = pair_path8_.data() + static_cast<size_t>(p) * 8;
           double u = 0.0;
           for (int k = 0; k < 8; ++k) u += x2[pl[k]];
-          entry.first = -u;  // ascending: most urgent first, then lowest pair id
+          entry = key_of(u, p);  // ascending: most urgent first, then lowest pair id
         }
       } else {
-        for (auto& entry : order) {
+        for (Key& entry : order) {
+          const int p = pair_of(entry);
           double u = 0.0;
-          for (int l : links_of(entry.second)) u += x2[l];
-          entry.first = -u;  // ascending: most urgent first, then lowest pair id
+          for (int l : links_of(p)) u += x2[l];
+          entry = key_of(u, p);  // ascending: most urgent first, then lowest pair id
         }
       }
       if (first) std::sort(order.begin(), order.end());
@@ -770,9 +782,9 @@ std::vector<std::vector<int>> Scheduler::link_greedy(const std::vector<int64_t>&
       }
     }
     int lead = -1;
-    for (const auto& entry : order)
-      if (left[entry.second] > 0) {
-        lead = entry.second;
+    for (const Key entry : order)
+      if (left[pair_of(entry)] > 0) {
+        lead = pair_of(entry);
         break;
       }
     // Slices scale with the lead's rate (equal-time slices); a quantum above the largest demand
@@ -785,8 +797,8 @@ std::vector<std::vector<int>> Scheduler::link_greedy(const std::vector<int64_t>&
     pairs.reserve(order.size());
     amount.reserve(order.size());
     uint64_t busy_mask = 0;  // links taken in this phase, when they fit in 64 bits
-    for (const auto& entry : order) {
-      const int p = entry.second;
+    for (const Key entry : order) {
+      const int p = pair_of(entry);
       if (left[p] == 0) continue;
       bool free = true;
       if (masked)
