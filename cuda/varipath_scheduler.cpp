@@ -319,6 +319,7 @@ struct Scheduler::LinkScratch {
   std::vector<char> need;  // bound: shared links whose flow sizes are gathered
   std::vector<int> needed, bucket_at;  // bound: those links; where each one's next size goes
   std::vector<double> bucket;          // bound: their flow sizes, one segment per link
+  std::vector<double> left_load;       // bound, early stop: each link's bytes in the groups to come
   explicit LinkScratch(size_t links, size_t pairs, size_t gpus)
       : load(links, 0.0), flows(links, 0), slot(pairs, -1), per_source(gpus, 0), sizes_on(links),
         link_id(links, 0), src_head(gpus, -1), need(links, 0), bucket_at(links, 0) {}
@@ -832,8 +833,15 @@ std::vector<std::vector<int>> Scheduler::link_greedy(const std::vector<int64_t>&
 // drain its flows if they left smallest first (each step at bandwidth * eta(flows still on the
 // link)), which no sharing can beat.  Exact when no link carries two flows (and no source
 // queues): then every flow runs alone.  *exact reports whether every group was exact.
+//
+// Early stop (fused runs, hot given): the groups still to come cost at least their start
+// latencies plus the time to drain the hot link's bytes left in them (a group's bound is at
+// least that link's smallest-first eta drain, see floor_at()); once the groups done plus that exceed `stop`, or
+// `stop_inexact` after a group that is not exact (the candidate then pays its margins), the
+// candidate cannot win and +inf is returned (*exact false).
 double Scheduler::merged_bound(const Decomposition& dec, int merge, LinkScratch* ls, bool* exact,
-                               uint64_t* signature, std::vector<double>* group_bounds) const {
+                               uint64_t* signature, std::vector<double>* group_bounds, const HotLink* hot,
+                               double stop, double stop_inexact) const {
   if (group_bounds) group_bounds->clear();
   double total = 0.0;
   *exact = true;
@@ -867,9 +875,14 @@ double Scheduler::merged_bound(const Decomposition& dec, int merge, LinkScratch*
     if (signature) *signature = sig;
     return total;
   }
+  const bool stoppable = hot && hot->link >= 0 && (stop < std::numeric_limits<double>::infinity() ||
+                                                   stop_inexact < std::numeric_limits<double>::infinity());
+  double hot_left = stoppable ? hot->load : 0.0;  // bytes on the hot link in the groups to come
+  const bool all_links = stoppable && hot->loads && hot->loads->size() == link_bw_.size();
+  if (all_links) ls->left_load.assign(hot->loads->begin(), hot->loads->end());  // every link's bytes to come
   for (size_t start = 0; start < dec.pairs.size(); start += merge) {
-    const size_t stop = std::min(dec.pairs.size(), start + static_cast<size_t>(merge));
-    for (size_t i = start; i < stop; ++i)
+    const size_t end = std::min(dec.pairs.size(), start + static_cast<size_t>(merge));
+    for (size_t i = start; i < end; ++i)
       for (size_t k = 0; k < dec.pairs[i].size(); ++k) {
         const int p = dec.pairs[i][k];
         if (!dec.unique) {
@@ -947,9 +960,35 @@ double Scheduler::merged_bound(const Decomposition& dec, int merge, LinkScratch*
       for (int p : ls->flow_pair) ls->per_source[p / n_] = 0;
     }
     *exact = *exact && !(shared && sharing_costs);
+    if (stoppable) hot_left -= ls->load[hot->link];
+    if (all_links)
+      for (int l : ls->touched) ls->left_load[l] -= ls->load[l];
     reset_scratch(ls);
     total += latency_s_ + worst;
     if (group_bounds) group_bounds->push_back(latency_s_ + worst);
+    if (stoppable && end < dec.pairs.size()) {
+      // The hot link's bytes left, drained as in floor_at(): in each group its t-th largest flow
+      // moves at bandwidth * eta(t) at most, and rank t holds at most groups x biggest bytes.
+      const double groups_left = static_cast<double>((dec.pairs.size() - end + merge - 1) / merge);
+      double left = std::max(hot_left, 0.0) * (1.0 - 1e-9), rest = groups_left * latency_s_;
+      for (int rank = 1; left > 0.0; ++rank) {
+        const double take = std::min(left, groups_left * hot->biggest);
+        rest += take / (hot->bw * eta(rank));
+        left -= take;
+      }
+      const double limit = *exact ? stop : std::min(stop, stop_inexact);
+      if (total + rest <= limit && all_links) {
+        // Else the busiest link's bytes to come (once the hot pairs, placed first, are done).
+        double busiest = 0.0;
+        for (size_t l = 0; l < link_bw_.size(); ++l) busiest = std::max(busiest, ls->left_load[l] * inv_bw_[l]);
+        rest = std::max(rest, groups_left * latency_s_ + busiest * (1.0 - 1e-9));
+      }
+      if (total + rest > limit) {
+        *exact = false;
+        if (signature) *signature = 0;
+        return std::numeric_limits<double>::infinity();
+      }
+    }
   }
   if (signature) *signature = sig;
   return total;
@@ -1128,6 +1167,8 @@ double Scheduler::plan_floor(const std::vector<int64_t>& demand, const std::vect
   for (size_t l = 1; l < load.size(); ++l)
     if (load[l] / link_bw_[l] > load[hot] / link_bw_[hot]) hot = static_cast<int>(l);
   HotLink h;
+  h.link = hot;
+  h.loads = &load;
   h.load = load[hot];
   h.bw = link_bw_[hot];
   h.bound_s = bound_s;
@@ -1395,7 +1436,9 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
       if (f.bound >= best_bound || passes >= budget) break;
       if (decs[f.dec].family == kSplitPeer && decs[f.dec].unique && f.bound * margin(f) >= best_bound) continue;
       bool ex = true;
-      double bound = merged_bound(decs[f.dec], f.merge, &ls, &ex, nullptr);
+      // Stopped early once it provably cannot reach best_bound (with its margins once inexact).
+      double bound = merged_bound(decs[f.dec], f.merge, &ls, &ex, nullptr, nullptr, &hot, best_bound,
+                                  best_bound / margin(f) * (1.0 + 1e-9));
       ++passes;
       if (!ex) bound *= margin(f);
       cands.push_back({bound, f.dec, f.merge, ex, false});

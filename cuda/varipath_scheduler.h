@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -111,16 +112,22 @@ class Scheduler {
   Decomposition direct_decomposition(const std::vector<int64_t>& demand) const;
   Decomposition split_peer_decomposition(const std::vector<int64_t>& demand, const std::vector<double>& weight,
                                          bool sliced) const;
-  double merged_bound(const Decomposition& dec, int merge, LinkScratch* ls, bool* exact, uint64_t* signature,
-                      std::vector<double>* group_bounds = nullptr) const;
-  void reset_scratch(LinkScratch* ls) const;
-  bool worth_fusing(int phases, double unfused_bound) const;
-  bool affordable(const Decomposition& dec, int merge) const;
-  // The most loaded link, for plan_floor() and floor_at().
+  // The most loaded link, for plan_floor(), floor_at() and merged_bound()'s early stop.
   struct HotLink {
     double load = 0.0, biggest = 0.0, bw = 1.0, bound_s = 0.0;
     int pairs = 0;
+    int link = -1;
+    const std::vector<double>* loads = nullptr;  // every link's bytes (the whole demand)
   };
+  // stop / stop_inexact: once the bound provably passes stop (stop_inexact once a group is
+  // known inexact), +inf is returned (see the definition).
+  double merged_bound(const Decomposition& dec, int merge, LinkScratch* ls, bool* exact, uint64_t* signature,
+                      std::vector<double>* group_bounds = nullptr, const HotLink* hot = nullptr,
+                      double stop = std::numeric_limits<double>::infinity(),
+                      double stop_inexact = std::numeric_limits<double>::infinity()) const;
+  void reset_scratch(LinkScratch* ls) const;
+  bool worth_fusing(int phases, double unfused_bound) const;
+  bool affordable(const Decomposition& dec, int merge) const;
   double plan_floor(const std::vector<int64_t>& demand, const std::vector<double>& load, double bound_s, HotLink* hot) const;
   double floor_at(const HotLink& hot, int phases, double stop) const;
   void index_links();
