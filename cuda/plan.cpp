@@ -26,6 +26,15 @@ int Plan::barriers() const {
   return n;
 }
 
+bool Plan::readsPeers() const {
+  for (const auto& s : steps) {
+    if (s.src.remote()) return true;
+    for (const auto& l : s.srcs)
+      if (l.remote()) return true;
+  }
+  return false;
+}
+
 static std::string locStr(const Loc& l) {
   std::ostringstream os;
   if (l.space == Space::In) os << "in[" << l.index << "]+" << l.offset;

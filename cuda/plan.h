@@ -61,6 +61,7 @@ struct Plan {
   std::vector<Step> steps;
   int buffersUsed = 0;  // how far the staging-buffer cursor advances
   int barriers() const;
+  bool readsPeers() const;       // some step reads a peer's memory directly (cross-memory or mapped)
   std::string describe() const;  // for HOCCL_DEBUG=TRACE
 };
 

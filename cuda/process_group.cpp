@@ -496,7 +496,7 @@ void ProcessGroupHOCCL::runCollective(Collective& c) {
     // (process-wide counter: approximate while other groups run ops on other threads).
     std::fprintf(stderr, "[hoccl rank %d] %s #%u algo=%s transport=%s bytes=%lld mapped=%llu time=%.1f us\n",
                  rank_, c.opName, c.ctx.desc.opSeq, plan->algo.c_str(),
-                 plan->algo.find("direct-read") != std::string::npos ? "shm+cma" : "shm",
+                 plan->readsPeers() ? "shm+cma" : "shm",
                  static_cast<long long>(c.req.bytes),
                  static_cast<unsigned long long>(PeerMappings::bytesRead() - mappedBefore), us);
   }

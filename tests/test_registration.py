@@ -80,6 +80,7 @@ def debug_log(rank, world):
         import hoccl_backend
 
         dist.all_gather_into_tensor(torch.empty(2 * world * 100000), hoccl_backend.zeros(2 * 100000))
+        dist.all_to_all_single(torch.empty(world * 100000), torch.ones(world * 100000))
     finally:
         os.dup2(saved, 2)
     log.seek(0)
@@ -93,6 +94,8 @@ def test_debug_info_logs_algorithm_transport_bytes_time():
         assert "all_gather #2 algo=all_gather/direct-read transport=shm+cma bytes=800000 mapped=0 " in text, text
         # the peer's input is a shared tensor: read through a mapping, not process_vm_readv
         assert "all_gather #3 algo=all_gather/direct-read transport=shm+cma bytes=800000 mapped=800000 " in text, text
+        # all_to_all's phased plan reads peers directly too, whatever its algorithm's name
+        assert "all_to_all_single #4 algo=alltoall/varipath transport=shm+cma bytes=800000 " in text, text
 
 
 def test_debug_trace_prints_the_plan():
