@@ -2,6 +2,7 @@
 
     torchrun --nproc_per_node=4 examples/collective_bench.py                 # hoccl
     torchrun --nproc_per_node=4 examples/collective_bench.py --backend gloo
+    torchrun --nproc_per_node=4 examples/collective_bench.py --shared   # hoccl_backend.empty buffers
 
 For a side-by-side table of hoccl and gloo in one run, use `python -m hoccl_backend.bench`.
 """
@@ -17,18 +18,26 @@ def main() -> None:
     parser.add_argument("--backend", default="hoccl")
     parser.add_argument("--sizes", default="8,65536,1048576,16777216", help="bytes, comma separated")
     parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--shared", action="store_true",
+                        help="buffers from hoccl_backend.empty(): hoccl's peers map them instead of copying")
     args = parser.parse_args()
     dist.init_process_group(args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(1)
+    if args.shared:
+        import hoccl_backend
+
+        empty = hoccl_backend.empty
+    else:
+        empty = torch.empty
     if rank == 0:
-        print(f"backend={args.backend} world={world}")
+        print(f"backend={args.backend} world={world} buffers={'shared' if args.shared else 'torch.empty'}")
         print(f"{'op':>16s} {'bytes':>10s} {'time_us':>10s} {'busbw_GBps':>11s}")
     for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
         for nbytes in (int(s) for s in args.sizes.split(",")):
             n = max(world, nbytes // 4 // world * world)
-            x = torch.ones(n)
-            out = torch.empty(n) if op in ("all_gather", "all_to_all") else torch.empty(n // world)
+            x = empty(n).fill_(1.0)
+            out = empty(n) if op in ("all_gather", "all_to_all") else empty(n // world)
 
             def run():
                 if op == "all_reduce":
