@@ -320,6 +320,7 @@ struct Scheduler::LinkScratch {
   std::vector<int> needed, bucket_at;  // bound: those links; where each one's next size goes
   std::vector<double> bucket;          // bound: their flow sizes, one segment per link
   std::vector<double> left_load;       // bound, early stop: each link's bytes in the groups to come
+  std::vector<double> group_bound;     // bound, early stop: each group's bound (summed in plan order)
   explicit LinkScratch(size_t links, size_t pairs, size_t gpus)
       : load(links, 0.0), flows(links, 0), slot(pairs, -1), per_source(gpus, 0), sizes_on(links),
         link_id(links, 0), src_head(gpus, -1), need(links, 0), bucket_at(links, 0) {}
@@ -880,7 +881,23 @@ double Scheduler::merged_bound(const Decomposition& dec, int merge, LinkScratch*
   double hot_left = stoppable ? hot->load : 0.0;  // bytes on the hot link in the groups to come
   const bool all_links = stoppable && hot->loads && hot->loads->size() == link_bw_.size();
   if (all_links) ls->left_load.assign(hot->loads->begin(), hot->loads->end());  // every link's bytes to come
-  for (size_t start = 0; start < dec.pairs.size(); start += merge) {
+  // With an early stop the groups are bounded last first: the hot pairs, placed first, are then
+  // in the groups to come, where the hot link's drain bounds them closely.  Their bounds are
+  // summed in plan order at the end (the same total).
+  const size_t groups = (dec.pairs.size() + merge - 1) / merge;
+  const bool backwards = stoppable && !signature && !group_bounds;
+  if (backwards) ls->group_bound.assign(groups, 0.0);
+  // The busiest link's bytes to come take a scan of every link: done every `scan_every` groups,
+  // so that the scans cost about an eighth of adding the transfers (about 6 links each).
+  size_t scan_every = 1;
+  if (all_links) {
+    size_t transfers = 0;
+    for (const auto& ph : dec.pairs) transfers += ph.size();
+    scan_every = std::max<size_t>(1, (8 * link_bw_.size() * groups) / std::max<size_t>(1, 6 * transfers));
+  }
+  double done = 0.0;  // bounds of the groups done so far
+  for (size_t g = 0; g < groups; ++g) {
+    const size_t start = (backwards ? groups - 1 - g : g) * static_cast<size_t>(merge);
     const size_t end = std::min(dec.pairs.size(), start + static_cast<size_t>(merge));
     for (size_t i = start; i < end; ++i)
       for (size_t k = 0; k < dec.pairs[i].size(); ++k) {
@@ -964,12 +981,16 @@ double Scheduler::merged_bound(const Decomposition& dec, int merge, LinkScratch*
     if (all_links)
       for (int l : ls->touched) ls->left_load[l] -= ls->load[l];
     reset_scratch(ls);
-    total += latency_s_ + worst;
+    if (backwards)
+      ls->group_bound[start / merge] = latency_s_ + worst;
+    else
+      total += latency_s_ + worst;
+    done += latency_s_ + worst;
     if (group_bounds) group_bounds->push_back(latency_s_ + worst);
-    if (stoppable && end < dec.pairs.size()) {
+    if (stoppable && g + 1 < groups) {
       // The hot link's bytes left, drained as in floor_at(): in each group its t-th largest flow
       // moves at bandwidth * eta(t) at most, and rank t holds at most groups x biggest bytes.
-      const double groups_left = static_cast<double>((dec.pairs.size() - end + merge - 1) / merge);
+      const double groups_left = static_cast<double>(groups - g - 1);
       double left = std::max(hot_left, 0.0) * (1.0 - 1e-9), rest = groups_left * latency_s_;
       for (int rank = 1; left > 0.0; ++rank) {
         const double take = std::min(left, groups_left * hot->biggest);
@@ -977,19 +998,21 @@ double Scheduler::merged_bound(const Decomposition& dec, int merge, LinkScratch*
         left -= take;
       }
       const double limit = *exact ? stop : std::min(stop, stop_inexact);
-      if (total + rest <= limit && all_links) {
-        // Else the busiest link's bytes to come (once the hot pairs, placed first, are done).
+      if (done + rest <= limit && all_links && (g + 1) % scan_every == 0) {
+        // Else the busiest link's bytes to come.
         double busiest = 0.0;
         for (size_t l = 0; l < link_bw_.size(); ++l) busiest = std::max(busiest, ls->left_load[l] * inv_bw_[l]);
         rest = std::max(rest, groups_left * latency_s_ + busiest * (1.0 - 1e-9));
       }
-      if (total + rest > limit) {
+      if (done + rest > limit) {
         *exact = false;
         if (signature) *signature = 0;
         return std::numeric_limits<double>::infinity();
       }
     }
   }
+  if (backwards)
+    for (double b : ls->group_bound) total += b;
   if (signature) *signature = sig;
   return total;
 }
@@ -1350,11 +1373,20 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
       double b1 = floor1;  // the unfused bound, or its floor when that cannot win
       if (decs[d].have1 || floor1 < best_bound) {
         bool exact = true;
-        if (!decs[d].have1) b1 = merged_bound(decs[d], 1, &ls, &exact, nullptr);
+        if (!decs[d].have1) {
+          // Stopped early (+inf) once it can neither win nor make its fused runs worth
+          // bounding (worth_fusing() is false past count x latency / kFuseLatencyShare).
+          const double stop = model_.eta_beta > 0.0
+                                  ? std::max(best_bound, static_cast<double>(count) * latency_s_ / kFuseLatencyShare) * (1.0 + 1e-9)
+                                  : best_bound;
+          b1 = merged_bound(decs[d], 1, &ls, &exact, nullptr, nullptr, &hot, stop);
+        }
         if (decs[d].have1) exact = decs[d].exact1;
         const bool reference = decs[d].family == kPeerRounds || decs[d].family == kDirect;
-        cands.push_back({b1, static_cast<int>(d), 1, exact, reference});
-        best_bound = std::min(best_bound, b1);
+        if (!std::isinf(b1)) {
+          cands.push_back({b1, static_cast<int>(d), 1, exact, reference});
+          best_bound = std::min(best_bound, b1);
+        }
       }
       if (count == 1 || !worth_fusing(count, b1)) continue;
       for (int m : {count, kMaxMergeManyRanks, 4, 2}) {
