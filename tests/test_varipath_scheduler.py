@@ -313,11 +313,14 @@ def test_fluid_latency_bound_sizes_return_one_phase(hosts):
     _check_cover(phases, dem)
 
 
-@pytest.mark.parametrize("model,traffic,size", [("dma", "hot4-80", 16), ("contention", "uniform", 16)])
+@pytest.mark.parametrize("model,traffic,size", [("dma", "hot4-80", 16), ("contention", "uniform", 16),
+                                                ("contention", "zipf0.8", 64), ("contention", "hot4-50", 256)])
 def test_64_ranks_within_2_percent_of_best_baseline(model, traffic, size):
     """Past 32 ranks candidates are ranked by bounds (no event model); the margins on fused
     phases whose bounds are optimistic (kQueueMargin, kFusedMargin) keep the plan within 2 % of
-    the best baseline at 8 gen4 hosts, where it was up to 1.30x behind (Python simulator)."""
+    the best baseline at 8 gen4 hosts, where it was up to 1.30x behind (Python simulator).
+    Under `contention` at Zipf 0.8 64 MB and hot experts 256 MB the fused bound passes (and the
+    unfused peer-round bound) are stopped early as losers: the plan must still hold."""
     topo = Topology.preset("gen4-4sw-2skt", 8)
     dem = make(traffic, topo.num_gpus, size * MB)
     vp = varipath.simulate(topo, varipath.schedule(dem, topo, model), model)
