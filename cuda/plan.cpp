@@ -67,8 +67,16 @@ static bool useDirectRead(const PlanRequest& req) {
   // the group's data fits the cache, direct reads win (one copy per byte); beyond it
   // process_vm_readv's per-page cost (~60 % of memcpy speed) makes staging plus streaming
   // copies out faster (measured on the CI VM, README).
-  if (req.kind == OpKind::AllReduce && req.bytes * req.world >= req.allReduceDirectReadMaxBytes) return false;
+  // Mapped reads of shared tensors run at memcpy speed, so that limit does not apply to them.
+  if (req.kind == OpKind::AllReduce && req.bytes * req.world >= req.allReduceDirectReadMaxBytes &&
+      !req.everyTensorShared)
+    return false;
   return req.bytes >= req.crossMemoryMinBytes;
+}
+
+bool allReduceChoosesAfterPublishing(const PlanRequest& req) {
+  return req.kind == OpKind::AllReduce && req.crossMemory && req.world > 1 &&
+         req.bytes >= req.crossMemoryMinBytes && req.bytes * req.world >= req.allReduceDirectReadMaxBytes;
 }
 
 Plan buildPlan(const PlanRequest& req) {

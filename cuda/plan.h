@@ -81,9 +81,18 @@ struct PlanRequest {
   int64_t crossMemoryMinBytes = 0;  // use direct reads at or above this payload
   int64_t allReduceDirectReadMaxBytes = 0;  // all_reduce: direct reads only while bytes x world is below
   std::vector<TransferPhase> phases;  // alltoall: the schedule (every pair's bytes, in order)
+  // An earlier barrier of this op published every rank's buffer addresses (direct-read plans
+  // then start reading without a barrier of their own).
+  bool addressesPublished = false;
+  // all_reduce: every rank's tensor is a shared tensor (hoccl_backend.empty), so peers read it
+  // through mappings at memcpy speed and direct reads beat staging at any size.
+  bool everyTensorShared = false;
 };
 
 Plan buildPlan(const PlanRequest& req);
+// all_reduce past allReduceDirectReadMaxBytes: the plan depends on whether every rank's tensor
+// is shared, which ranks learn from a first barrier that publishes addresses and regions.
+bool allReduceChoosesAfterPublishing(const PlanRequest& req);
 
 // Plan builders, one algorithm family per file.
 Plan planAllReduceOneShot(const PlanRequest& req);

@@ -35,7 +35,7 @@ void allReduce(const PlanRequest& req, Plan& p) {
 Plan planDirectRead(const PlanRequest& req) {
   Plan p;
   p.algo = std::string(opKindName(req.kind)) + "/direct-read";
-  p.steps.push_back(Step::barrier());  // publishes every rank's buffer addresses
+  if (!req.addressesPublished) p.steps.push_back(Step::barrier());  // publishes every rank's buffer addresses
   const int64_t n = req.bytes;
   const bool root = req.rank == req.root;
   switch (req.kind) {

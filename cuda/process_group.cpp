@@ -421,7 +421,8 @@ std::vector<TransferPhase> ProcessGroupHOCCL::scheduleAllToAll(const std::vector
 }
 
 std::shared_ptr<const Plan> ProcessGroupHOCCL::planFor(const PlanRequest& req) {
-  const auto key = std::make_tuple(int(req.kind), req.root, int64_t(req.elemSize), req.bytes, bool(req.crossMemory));
+  const auto key = std::make_tuple(int(req.kind), req.root, int64_t(req.elemSize), req.bytes, bool(req.crossMemory),
+                                   req.addressesPublished, req.everyTensorShared);
   std::lock_guard<std::mutex> lock(planMutex_);
   auto it = planCache_.find(key);
   if (it != planCache_.end()) return it->second;
@@ -429,6 +430,16 @@ std::shared_ptr<const Plan> ProcessGroupHOCCL::planFor(const PlanRequest& req) {
   if (planCache_.size() > 256) planCache_.clear();
   planCache_[key] = plan;
   return plan;
+}
+
+bool ProcessGroupHOCCL::everyRankShared(uint32_t parity, int64_t bytes) const {
+  for (int r = 0; r < size_; ++r) {
+    const SharedRegionRef& ref = group_->blockRegions(r, parity)[0];
+    const uint64_t address = group_->blockAddresses(r, parity)[0];
+    if (ref.fd < 0 || address < ref.base || address + static_cast<uint64_t>(bytes) > ref.base + ref.bytes)
+      return false;
+  }
+  return true;
 }
 
 void ProcessGroupHOCCL::runCollective(Collective& c) {
@@ -479,6 +490,20 @@ void ProcessGroupHOCCL::runCollective(Collective& c) {
                                                                                              : "direct";
     phased.algo = "alltoall/" + algo;
     plan = std::make_shared<const Plan>(std::move(phased));
+  } else if (allReduceChoosesAfterPublishing(c.req)) {
+    // Past the direct-read limit, staging beats cross-memory reads but not mapped reads of
+    // shared tensors. One barrier publishes every rank's address and region (and checks the
+    // descriptors); every rank then reads the same table and picks the same plan. For ordinary
+    // tensors this costs one barrier on an op of tens of milliseconds.
+    uint32_t parity = executor_->nextBarrier() & 1;
+    c.ctx.validate = [&](uint32_t p) { validateDescriptors(c, p); };
+    PlanRequest publish = c.req;
+    publish.kind = OpKind::Barrier;
+    executor_->run(buildPlan(publish), c.ctx);
+    c.ctx.validate = nullptr;
+    c.req.addressesPublished = true;
+    c.req.everyTensorShared = everyRankShared(parity, c.req.bytes);
+    plan = planFor(c.req);
   } else {
     c.ctx.validate = [&](uint32_t p) { validateDescriptors(c, p); };
     plan = planFor(c.req);

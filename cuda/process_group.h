@@ -159,6 +159,8 @@ class ProcessGroupHOCCL : public c10d::Backend {
   void validateSplits(const Collective& c, uint32_t parity) const;
   std::vector<TransferPhase> scheduleAllToAll(const std::vector<int64_t>& matrix);
   std::shared_ptr<const Plan> planFor(const PlanRequest& req);
+  // After a barrier with this parity: does every rank's input block 0 lie in a shared tensor?
+  bool everyRankShared(uint32_t parity, int64_t bytes) const;
   void checkWait(const Collective& c, int peer);
   void ensureP2P();
   // CUDA tensors (process_group_cuda.cpp): order after the caller's stream, run on the comm
@@ -224,7 +226,7 @@ class ProcessGroupHOCCL : public c10d::Backend {
 
   std::mutex planMutex_;
   // Keyed by (kind, root, element size, bytes, cross-memory): what a plan depends on.
-  std::map<std::tuple<int, int, int64_t, int64_t, bool>, std::shared_ptr<const Plan>> planCache_;
+  std::map<std::tuple<int, int, int64_t, int64_t, bool, bool, bool>, std::shared_ptr<const Plan>> planCache_;
   bool hasChannels_ = false;  // VarioPath channels were set (names the algorithm "varipath")
   std::shared_ptr<const varipath::Scheduler> scheduler_;  // set when there is > 1 channel
   mutable std::mutex lastAlgoMutex_;

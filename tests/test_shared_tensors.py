@@ -161,3 +161,40 @@ def test_empty_api_and_lifetime():
     del t, z
     assert len(os.listdir("/proc/self/fd")) == fds_before
     assert _hoccl_regions_mapped() == 0
+
+
+def check_large_all_reduce_choice(rank, world, who_shares):
+    """Past HOCCL_ALLREDUCE_CMA_MAX_BYTES all_reduce stages its data unless every rank's tensor
+    is shared: then it reads peers through mappings. Both must give the reference result."""
+    import hoccl_backend
+
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    results = []
+    case = 9100
+    for dtype, op, name in ((torch.float32, dist.ReduceOp.SUM, "sum"), (torch.int64, dist.ReduceOp.MAX, "max"),
+                            (torch.bfloat16, dist.ReduceOp.SUM, "sum")):
+        n = 200_003
+        case += 1
+        inputs = [make_input(r, case, n, dtype) for r in range(world)]
+        t = _shared_like(inputs[rank]) if rank in who_shares else inputs[rank].clone()
+        before = _mapped_bytes()
+        dist.all_reduce(t, op=op)
+        mapped = _mapped_bytes() - before
+        if name == "max":
+            ref = torch.stack(inputs).max(0).values
+        else:
+            ref = sum(i.double() for i in inputs).to(dtype)
+        assert_close(t, ref, f"all_reduce {name} {dtype} shared by {who_shares}")
+        results.append((backend.last_algorithm(), mapped > 0))
+    return results
+
+
+@pytest.mark.parametrize("who_shares", [(0, 1, 2), (0, 2), ()])
+def test_large_all_reduce_reads_mapped_only_when_every_rank_shares(who_shares):
+    env = {"HOCCL_ALLREDUCE_CMA_MAX_BYTES": "1M"}  # 200 003 elements x 3 ranks are past it
+    results = run_ranks(check_large_all_reduce_choice, 3, who_shares, env=env, timeout=300)
+    every = len(who_shares) == 3
+    for per_rank in results:
+        for algo, mapped in per_rank:
+            assert (algo == "all_reduce/direct-read") == every, (who_shares, algo)
+            assert mapped == every, (who_shares, per_rank)
