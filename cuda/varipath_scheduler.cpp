@@ -687,6 +687,14 @@ void Scheduler::index_links() {
     }
     pl_off_[p + 1] = static_cast<int>(pl_.size());
   }
+  // Link -> pairs crossing it (in pair order, a pair once per occurrence on its path).
+  lp_off_.assign(link_bw_.size() + 1, 0);
+  for (int l : pl_) lp_off_[l + 1] += 1;
+  for (size_t l = 0; l < link_bw_.size(); ++l) lp_off_[l + 1] += lp_off_[l];
+  lp_.assign(pl_.size(), 0);
+  std::vector<int> fill(lp_off_.begin(), lp_off_.end() - 1);
+  for (size_t p = 0; p < pair_links_.size(); ++p)
+    for (int l : pair_links_[p]) lp_[fill[l]++] = static_cast<int>(p);
   // Paths padded to 8 links with link index L (one past the last), when none is longer.
   size_t longest = 0;
   for (const auto& path : pair_links_) longest = std::max(longest, path.size());
@@ -1195,13 +1203,12 @@ double Scheduler::plan_floor(const std::vector<int64_t>& demand, const std::vect
   h.load = load[hot];
   h.bw = link_bw_[hot];
   h.bound_s = bound_s;
-  for (size_t p = 0; p < demand.size(); ++p) {
-    if (static_cast<int>(p) / n_ == static_cast<int>(p) % n_ || demand[p] <= 0) continue;
-    for (int l : links_of(p))
-      if (l == hot) {
-        ++h.pairs;
-        h.biggest = std::max(h.biggest, static_cast<double>(demand[p]));
-      }
+  // The pairs crossing the hot link (the topology's link -> pairs index; no scan of all pairs).
+  for (int k = lp_off_[hot]; k < lp_off_[hot + 1]; ++k) {
+    const int p = lp_[k];
+    if (demand[p] <= 0) continue;
+    ++h.pairs;
+    h.biggest = std::max(h.biggest, static_cast<double>(demand[p]));
   }
   if (hot_link) *hot_link = h;
   if (model_.eta_beta <= 0.0 || h.pairs == 0) return latency_s_ + bound_s;
