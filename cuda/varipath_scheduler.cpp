@@ -1032,9 +1032,13 @@ Scheduler::Decomposition Scheduler::peer_decomposition(const std::vector<int64_t
   Decomposition dec;
   dec.family = kPeerRounds;
   dec.unique = true;
+  dec.pairs.reserve(static_cast<size_t>(n_));
+  dec.bytes.reserve(static_cast<size_t>(n_));
   for (int k = 1; k < n_; ++k) {
     std::vector<int> pairs;
     std::vector<int64_t> amount;
+    pairs.reserve(static_cast<size_t>(n_));
+    amount.reserve(static_cast<size_t>(n_));
     for (int s = 0; s < n_; ++s) {
       const int p = s * n_ + (s + k) % n_;
       if (demand[p] <= 0) continue;
@@ -1130,6 +1134,8 @@ Scheduler::Decomposition Scheduler::direct_decomposition(const std::vector<int64
   dec.unique = true;
   dec.pairs.emplace_back();
   dec.bytes.emplace_back();
+  dec.pairs.back().reserve(demand.size());
+  dec.bytes.back().reserve(demand.size());
   for (size_t p = 0; p < demand.size(); ++p)
     if (static_cast<int>(p) / n_ != static_cast<int>(p) % n_ && demand[p] > 0) {
       dec.pairs.back().push_back(static_cast<int>(p));
