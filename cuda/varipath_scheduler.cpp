@@ -100,6 +100,13 @@ Scheduler::Scheduler(int n, std::vector<std::vector<std::pair<int, int>>> channe
   if (!(phase_latency_s >= 0.0) || !(bandwidth_Bps > 0.0))
     throw std::invalid_argument("varipath::Scheduler: need phase_latency_s >= 0 and bandwidth_Bps > 0");
   pair_chans_.assign(static_cast<size_t>(n) * n, {});
+  pair_src_.resize(static_cast<size_t>(n) * n);  // pair id p = s * n + d -> s, d (no division per use)
+  pair_dst_.resize(static_cast<size_t>(n) * n);
+  for (int s = 0; s < n; ++s)
+    for (int d = 0; d < n; ++d) {
+      pair_src_[static_cast<size_t>(s) * n + d] = s;
+      pair_dst_[static_cast<size_t>(s) * n + d] = d;
+    }
   for (size_t c = 0; c < channels.size(); ++c) {
     std::vector<int> ids;
     for (const auto& sd : channels[c]) {
@@ -167,7 +174,7 @@ void Scheduler::validate_demand(const std::vector<int64_t>& demand) const {
     throw std::invalid_argument("varipath::Scheduler::plan: demand must have n*n = " + std::to_string(want) +
                                 " entries (row-major), got " + std::to_string(demand.size()));
   for (size_t p = 0; p < want; ++p) {
-    const int s = static_cast<int>(p) / n_, d = static_cast<int>(p) % n_;
+    const int s = pair_src_[p], d = pair_dst_[p];
     if (s == d) continue;
     if (demand[p] < 0)
       throw std::invalid_argument("varipath::Scheduler::plan: negative demand " + std::to_string(demand[p]) +
@@ -185,7 +192,7 @@ std::vector<double> Scheduler::pair_urgency(const std::vector<int64_t>& demand, 
   std::vector<double>& load = *load_out;
   load.assign(link_bw_.size(), 0.0);
   for (size_t p = 0; p < demand.size(); ++p)
-    if (static_cast<int>(p) / n_ != static_cast<int>(p) % n_ && demand[p] > 0)
+    if (pair_src_[p] != pair_dst_[p] && demand[p] > 0)
       for (int l : links_of(p)) load[l] += static_cast<double>(demand[p]);
   double top = 0.0;
   for (size_t l = 0; l < load.size(); ++l) top = std::max(top, load[l] / link_bw_[l]);
@@ -240,7 +247,7 @@ std::vector<std::vector<int>> Scheduler::decompose(const std::vector<int64_t>& d
   std::vector<int64_t> left(demand.size(), 0);
   int64_t total = 0;
   for (size_t p = 0; p < demand.size(); ++p)
-    if (static_cast<int>(p) / n_ != static_cast<int>(p) % n_) {
+    if (pair_src_[p] != pair_dst_[p]) {
       left[p] = demand[p];
       total += demand[p];
     }
@@ -410,13 +417,13 @@ double Scheduler::event_time(LinkScratch* ls, double limit) const {
   if (engines > 0) {
     ls->src_next.resize(nf);
     for (size_t f = nf; f-- > 0;) {
-      const int src = ls->flow_pair[f] / n_;
+      const int src = pair_src_[ls->flow_pair[f]];
       ls->src_next[f] = ls->src_head[src];
       ls->src_head[src] = static_cast<int>(f);
     }
   }
   for (size_t f = 0; f < nf; ++f) {
-    const int src = ls->flow_pair[f] / n_;
+    const int src = pair_src_[ls->flow_pair[f]];
     if (engines > 0 && ls->per_source[src] >= engines) continue;
     if (engines > 0) ls->src_head[src] = ls->src_next[f];  // started: the chain moves on
     ls->per_source[src] += 1;
@@ -507,7 +514,7 @@ double Scheduler::event_time(LinkScratch* ls, double limit) const {
         ls->rem[fl[k]] -= ls->left[f];
       }
       if (engines > 0) {  // the freed copy engine takes this source's next queued transfer
-        const int src = ls->flow_pair[f] / n_;
+        const int src = pair_src_[ls->flow_pair[f]];
         ls->per_source[src] -= 1;
         const int g = ls->src_head[src];
         if (g >= 0) {
@@ -554,8 +561,8 @@ double Scheduler::event_time(LinkScratch* ls, double limit) const {
     }
   }
   for (size_t f = 0; f < nf; ++f) {
-    ls->per_source[ls->flow_pair[f] / n_] = 0;
-    if (engines > 0) ls->src_head[ls->flow_pair[f] / n_] = -1;
+    ls->per_source[pair_src_[ls->flow_pair[f]]] = 0;
+    if (engines > 0) ls->src_head[pair_src_[ls->flow_pair[f]]] = -1;
   }
   return t;
 }
@@ -573,8 +580,8 @@ double Scheduler::drain_cost(LinkScratch* ls, double limit) const {
     shared = shared || ls->flows[l] > 1;
   }
   if (model_.copy_engines > 0 && !shared) {  // the default link model has one send port per GPU,
-    for (int p : ls->flow_pair) shared = shared || ++ls->per_source[p / n_] > model_.copy_engines;
-    for (int p : ls->flow_pair) ls->per_source[p / n_] = 0;  // but a custom one may not
+    for (int p : ls->flow_pair) shared = shared || ++ls->per_source[pair_src_[p]] > model_.copy_engines;
+    for (int p : ls->flow_pair) ls->per_source[pair_src_[p]] = 0;  // but a custom one may not
   }
   const bool sharing_costs = model_.eta_beta > 0.0 || model_.copy_engines > 0;
   const double data = shared && sharing_costs ? event_time(ls, limit - latency_s_) : worst;
@@ -654,7 +661,7 @@ std::vector<Phase> Scheduler::materialize(const std::vector<std::vector<int>>& c
         const int p = chans[i][k];
         if (slot[p] < 0) {
           slot[p] = static_cast<int>(ph.size());
-          ph.push_back(Transfer{static_cast<int32_t>(p / n_), static_cast<int32_t>(p % n_), 0});
+          ph.push_back(Transfer{static_cast<int32_t>(pair_src_[p]), static_cast<int32_t>(pair_dst_[p]), 0});
         }
         ph[slot[p]].bytes += bytes[i][k];
       }
@@ -721,7 +728,7 @@ std::vector<std::vector<int>> Scheduler::link_greedy(const std::vector<int64_t>&
   std::vector<int> active;
   int64_t top = 0;
   for (size_t p = 0; p < demand.size(); ++p) {
-    if (static_cast<int>(p) / n_ == static_cast<int>(p) % n_ || demand[p] <= 0) continue;
+    if (pair_src_[p] == pair_dst_[p] || demand[p] <= 0) continue;
     left[p] = demand[p];
     top = std::max(top, demand[p]);
     active.push_back(static_cast<int>(p));
@@ -872,10 +879,10 @@ double Scheduler::merged_bound(const Decomposition& dec, int merge, LinkScratch*
           const uint64_t h = mix64((static_cast<uint64_t>(p) << 40) ^ static_cast<uint64_t>(b));
           group = model_.copy_engines > 0 ? mix64(group ^ h) : group + h;
         }
-        if (model_.copy_engines > 0) queued = queued || ++ls->per_source[p / n_] > model_.copy_engines;
+        if (model_.copy_engines > 0) queued = queued || ++ls->per_source[pair_src_[p]] > model_.copy_engines;
       }
       if (model_.copy_engines > 0)
-        for (int p : dec.pairs[i]) ls->per_source[p / n_] = 0;
+        for (int p : dec.pairs[i]) ls->per_source[pair_src_[p]] = 0;
       if (signature) sig = mix64(sig ^ group);
       *exact = *exact && !(queued && sharing_costs);
       total += latency_s_ + worst;
@@ -981,8 +988,8 @@ double Scheduler::merged_bound(const Decomposition& dec, int merge, LinkScratch*
       }
     }
     if (model_.copy_engines > 0 && !shared) {
-      for (int p : ls->flow_pair) shared = shared || ++ls->per_source[p / n_] > model_.copy_engines;
-      for (int p : ls->flow_pair) ls->per_source[p / n_] = 0;
+      for (int p : ls->flow_pair) shared = shared || ++ls->per_source[pair_src_[p]] > model_.copy_engines;
+      for (int p : ls->flow_pair) ls->per_source[pair_src_[p]] = 0;
     }
     *exact = *exact && !(shared && sharing_costs);
     if (stoppable) hot_left -= ls->load[hot->link];
@@ -1040,7 +1047,7 @@ Scheduler::Decomposition Scheduler::peer_decomposition(const std::vector<int64_t
     pairs.reserve(static_cast<size_t>(n_));
     amount.reserve(static_cast<size_t>(n_));
     for (int s = 0; s < n_; ++s) {
-      const int p = s * n_ + (s + k) % n_;
+      const int p = s * n_ + (s + k < n_ ? s + k : s + k - n_);
       if (demand[p] <= 0) continue;
       pairs.push_back(p);
       amount.push_back(demand[p]);
@@ -1137,7 +1144,7 @@ Scheduler::Decomposition Scheduler::direct_decomposition(const std::vector<int64
   dec.pairs.back().reserve(demand.size());
   dec.bytes.back().reserve(demand.size());
   for (size_t p = 0; p < demand.size(); ++p)
-    if (static_cast<int>(p) / n_ != static_cast<int>(p) % n_ && demand[p] > 0) {
+    if (pair_src_[p] != pair_dst_[p] && demand[p] > 0) {
       dec.pairs.back().push_back(static_cast<int>(p));
       dec.bytes.back().push_back(demand[p]);
     }
@@ -1268,7 +1275,7 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
   validate_demand(demand);
   int64_t top = 0;
   for (size_t p = 0; p < demand.size(); ++p)
-    if (static_cast<int>(p) / n_ != static_cast<int>(p) % n_) top = std::max(top, demand[p]);
+    if (pair_src_[p] != pair_dst_[p]) top = std::max(top, demand[p]);
   if (info) *info = PlanInfo{};
   if (top == 0) return {};
   double bound_s = 0.0;
@@ -1285,7 +1292,7 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
   // Past kMaxSimulatedRanks ranks the link-greedy pass runs only within its work budget; split
   // peer rounds stand in for it.
   size_t active_pairs = 0;
-  for (size_t p = 0; p < demand.size(); ++p) active_pairs += static_cast<int>(p) / n_ != static_cast<int>(p) % n_ && demand[p] > 0;
+  for (size_t p = 0; p < demand.size(); ++p) active_pairs += pair_src_[p] != pair_dst_[p] && demand[p] > 0;
   const bool link_pass = (candidates_ & kLinkGreedy) &&
                          (n_ <= kMaxSimulatedRanks || static_cast<double>(hot_pairs) * static_cast<double>(active_pairs) <= kLinkGreedyWork);
   const bool split_pass = (candidates_ & kLinkGreedy) && n_ > kMaxSimulatedRanks && !link_pass;

@@ -150,6 +150,7 @@ class Scheduler {
   std::vector<std::vector<int>> pair_links_;   // pair id -> link indices
   std::vector<int> pl_off_, pl_;               // the same, flattened (pair p: pl_[pl_off_[p]..pl_off_[p+1]))
   std::vector<int> lp_off_, lp_;               // link l -> pairs crossing it: lp_[lp_off_[l]..lp_off_[l+1])
+  std::vector<int> pair_src_, pair_dst_;       // pair id -> source, destination
   std::vector<double> pair_rate_;              // full rate of each pair running alone
   std::vector<double> pair_min_bw_;            // narrowest link on each pair's path
   std::vector<int> pair_path8_;                // pair id -> its links padded to 8 (link count as pad), when <= 8
