@@ -649,6 +649,18 @@ std::vector<Phase> Scheduler::materialize(const std::vector<std::vector<int>>& c
                                           const std::vector<std::vector<int64_t>>& bytes, int merge) const {
   std::vector<Phase> out;
   out.reserve((chans.size() + merge - 1) / merge);
+  if (merge == 1) {  // every decomposition names a pair at most once per channel phase
+    for (size_t i = 0; i < chans.size(); ++i) {
+      Phase ph;
+      ph.reserve(chans[i].size());
+      for (size_t k = 0; k < chans[i].size(); ++k) {
+        const int p = chans[i][k];
+        ph.push_back(Transfer{static_cast<int32_t>(pair_src_[p]), static_cast<int32_t>(pair_dst_[p]), bytes[i][k]});
+      }
+      out.push_back(std::move(ph));
+    }
+    return out;
+  }
   std::vector<int> slot(static_cast<size_t>(n_) * n_, -1);
   for (size_t start = 0; start < chans.size(); start += merge) {
     Phase ph;
