@@ -135,7 +135,6 @@ void Executor::run(const Plan& plan, ExecContext& ctx) {
     }
   }
   bufCursor_ += static_cast<uint32_t>(plan.buffersUsed);
-  peerMaps_.endOp();
 }
 
 }  // namespace hoccl

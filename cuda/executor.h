@@ -31,6 +31,8 @@ class Executor {
   // Copies into the op's outputs of at least streamingMinBytes (> 0) use streaming stores.
   Executor(ShmGroup& group, int64_t streamingMinBytes) : group_(group), streamingMinBytes_(streamingMinBytes) {}
   void run(const Plan& plan, ExecContext& ctx);
+  // Once per collective, after its last plan: lets go of peers' shared tensors idle for a while.
+  void endOp() { peerMaps_.endOp(); }
   // Barrier index the next barrier will use (parity selects descriptor/split buffers).
   uint32_t nextBarrier() const { return barriers_ + 1; }
 

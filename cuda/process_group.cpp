@@ -515,6 +515,7 @@ void ProcessGroupHOCCL::runCollective(Collective& c) {
   if (config_.debug >= 2) std::fprintf(stderr, "[hoccl rank %d] %s", rank_, plan->describe().c_str());
   const uint64_t mappedBefore = config_.debug >= 1 ? PeerMappings::bytesRead() : 0;
   executor_->run(*plan, c.ctx);
+  executor_->endOp();
   if (config_.debug >= 1) {
     double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
     // mapped = bytes read from peers' shared tensors (hoccl_backend.empty) through mappings
