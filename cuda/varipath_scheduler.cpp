@@ -386,20 +386,29 @@ double Scheduler::event_time(LinkScratch* ls, double limit) const {
     ls->lbw[i] = link_bw_[ls->touched[i]];
   }
   const double* lbw = ls->lbw.data();
+  // Flow and link tables in flat buffers written by index (no push_back in the event loop).
+  size_t nfl = 0;
+  for (size_t f = 0; f < nf; ++f) nfl += static_cast<size_t>(pl_off_[ls->flow_pair[f] + 1] - pl_off_[ls->flow_pair[f]]);
   ls->flow_off.resize(nf + 1);
-  ls->flow_links.clear();
+  ls->flow_links.resize(nfl);
   ls->link_off.assign(nl + 1, 0);
-  for (size_t f = 0; f < nf; ++f) {
-    ls->flow_off[f] = static_cast<int>(ls->flow_links.size());
-    for (int l : links_of(ls->flow_pair[f])) {
-      const int i = ls->link_id[l];
-      ls->flow_links.push_back(i);
-      ls->link_off[i + 1] += 1;
+  {
+    int* flw = ls->flow_links.data();
+    int* loff = ls->link_off.data();
+    const int* lid = ls->link_id.data();
+    int at = 0;
+    for (size_t f = 0; f < nf; ++f) {
+      ls->flow_off[f] = at;
+      for (int l : links_of(ls->flow_pair[f])) {
+        const int i = lid[l];
+        flw[at++] = i;
+        loff[i + 1] += 1;
+      }
     }
+    ls->flow_off[nf] = at;
+    for (size_t i = 0; i < nl; ++i) loff[i + 1] += loff[i];
   }
-  ls->flow_off[nf] = static_cast<int>(ls->flow_links.size());
-  for (size_t i = 0; i < nl; ++i) ls->link_off[i + 1] += ls->link_off[i];
-  ls->link_flows.resize(ls->flow_links.size());
+  ls->link_flows.resize(nfl);
   ls->open.assign(ls->link_off.begin(), ls->link_off.end() - 1);  // fill cursors
   for (size_t f = 0; f < nf; ++f)
     for (int k = ls->flow_off[f]; k < ls->flow_off[f + 1]; ++k) ls->link_flows[ls->open[ls->flow_links[k]]++] = static_cast<int>(f);
@@ -408,46 +417,69 @@ double Scheduler::event_time(LinkScratch* ls, double limit) const {
   ls->cap0.resize(nl);
   ls->cap_left.resize(nl);
   ls->unfrozen.resize(nl);
+  ls->open.resize(nl);
   ls->left.assign(ls->flow_bytes.begin(), ls->flow_bytes.end());
   ls->rate.assign(nf, 0.0);
   ls->state.assign(nf, 0);
-  ls->running.clear();
+  ls->running.resize(nf);
+  ls->next_run.resize(nf);
+  // Local views of the scratch (stores through the char state table would otherwise make the
+  // compiler reload every table's address).
+  int* act = ls->act.data();
+  double* rem = ls->rem.data();
+  double* cap0 = ls->cap0.data();
+  double* cap_left = ls->cap_left.data();
+  int* unfrozen = ls->unfrozen.data();
+  int* openl = ls->open.data();
+  double* left = ls->left.data();
+  double* rate = ls->rate.data();
+  char* state = ls->state.data();
+  int* running = ls->running.data();
+  int* next_run = ls->next_run.data();
+  int* per_source = ls->per_source.data();
+  int* src_head = ls->src_head.data();
+  const int* flow_pair = ls->flow_pair.data();
+  const int* loff = ls->link_off.data();
+  const int* lflows = ls->link_flows.data();
+  const int* psrc = pair_src_.data();
+  size_t nrun = 0;
   // With copy engines flows start in list order per source: each source's queued flows are
   // chained (src_next, built back to front) from its first queued one (src_head).
   if (engines > 0) {
     ls->src_next.resize(nf);
     for (size_t f = nf; f-- > 0;) {
-      const int src = pair_src_[ls->flow_pair[f]];
-      ls->src_next[f] = ls->src_head[src];
-      ls->src_head[src] = static_cast<int>(f);
+      const int src = psrc[flow_pair[f]];
+      ls->src_next[f] = src_head[src];
+      src_head[src] = static_cast<int>(f);
     }
   }
+  const int* src_next = engines > 0 ? ls->src_next.data() : nullptr;
   for (size_t f = 0; f < nf; ++f) {
-    const int src = pair_src_[ls->flow_pair[f]];
-    if (engines > 0 && ls->per_source[src] >= engines) continue;
-    if (engines > 0) ls->src_head[src] = ls->src_next[f];  // started: the chain moves on
-    ls->per_source[src] += 1;
-    ls->running.push_back(static_cast<int>(f));
-    ls->state[f] = 1;
-    for (int k = foff[f]; k < foff[f + 1]; ++k) ls->act[fl[k]] += 1;
+    const int src = psrc[flow_pair[f]];
+    if (engines > 0 && per_source[src] >= engines) continue;
+    if (engines > 0) src_head[src] = src_next[f];  // started: the chain moves on
+    per_source[src] += 1;
+    running[nrun++] = static_cast<int>(f);
+    state[f] = 1;
+    for (int k = foff[f]; k < foff[f + 1]; ++k) act[fl[k]] += 1;
   }
   constexpr double kDone = std::numeric_limits<double>::infinity();
   double t = 0.0;
-  while (!ls->running.empty() && t < limit) {
+  while (nrun > 0 && t < limit) {
     // Max-min-fair rates of the running flows (classic bottleneck iteration: the link with the
     // smallest fair share of its remaining capacity fixes the rate of its unfrozen flows; their
     // rates come off their other links).
-    ls->open.clear();
+    size_t nopen = 0;
     for (size_t i = 0; i < nl; ++i) {
-      const int a = ls->act[i];
+      const int a = act[i];
       if (a == 0) continue;
-      ls->cap0[i] = lbw[i] * (a > 1 ? eta(a) : 1.0);
-      ls->cap_left[i] = ls->cap0[i];
-      ls->unfrozen[i] = a;
-      ls->open.push_back(static_cast<int>(i));
+      cap0[i] = lbw[i] * (a > 1 ? eta(a) : 1.0);
+      cap_left[i] = cap0[i];
+      unfrozen[i] = a;
+      openl[nopen++] = static_cast<int>(i);
     }
-    for (int f : ls->running) ls->rate[f] = -1.0;
-    size_t open = ls->running.size();
+    for (size_t r = 0; r < nrun; ++r) rate[running[r]] = -1.0;
+    size_t open = nrun;
     while (open > 0) {
       // The first open link (local order) with the smallest share; links with no unfrozen flow
       // left are dropped from the open list on the way (order kept).
@@ -458,40 +490,42 @@ double Scheduler::event_time(LinkScratch* ls, double limit) const {
       size_t kept = 0;
       int neck = -1;
       double neck_cap = 0.0, neck_u = 1.0;
-      for (int i : ls->open) {
-        const int u = ls->unfrozen[i];
+      for (size_t o = 0; o < nopen; ++o) {
+        const int i = openl[o];
+        const int u = unfrozen[i];
         if (u == 0) continue;
-        ls->open[kept++] = i;
-        const double c = ls->cap_left[i], du = static_cast<double>(u);
+        openl[kept++] = i;
+        const double c = cap_left[i], du = static_cast<double>(u);
         if (neck < 0 || c * neck_u < neck_cap * du) {
           neck = i;
           neck_cap = c;
           neck_u = du;
         }
       }
-      ls->open.resize(kept);
+      nopen = kept;
       const double low = neck_cap / neck_u;
       const double level = std::max(low, 0.0);
-      for (int k = ls->link_off[neck]; k < ls->link_off[neck + 1]; ++k) {
-        const int f = ls->link_flows[k];
-        if (ls->state[f] != 1 || ls->rate[f] >= 0.0) continue;
-        ls->rate[f] = level;
+      for (int k = loff[neck]; k < loff[neck + 1]; ++k) {
+        const int f = lflows[k];
+        if (state[f] != 1 || rate[f] >= 0.0) continue;
+        rate[f] = level;
         --open;
         for (int j = foff[f]; j < foff[f + 1]; ++j) {
           const int i = fl[j];
-          ls->cap_left[i] -= level;
-          ls->unfrozen[i] -= 1;
+          cap_left[i] -= level;
+          unfrozen[i] -= 1;
         }
       }
     }
     // The step: the smallest left / rate (compared by cross-multiplication, one division).
     double dt_left = 0.0, dt_rate = 0.0;
     bool first = true;
-    for (int f : ls->running) {
-      const double l = ls->left[f], r = ls->rate[f];
-      if (first || l * dt_rate < dt_left * r) {
+    for (size_t r = 0; r < nrun; ++r) {
+      const int f = running[r];
+      const double l = left[f], rt = rate[f];
+      if (first || l * dt_rate < dt_left * rt) {
         dt_left = l;
-        dt_rate = r;
+        dt_rate = rt;
         first = false;
       }
     }
@@ -499,42 +533,44 @@ double Scheduler::event_time(LinkScratch* ls, double limit) const {
     t += dt;
     // Bytes moved on each link in this step (what its flows used of its capacity).
     for (size_t i = 0; i < nl; ++i)
-      if (ls->act[i] > 0) ls->rem[i] -= (ls->cap0[i] - ls->cap_left[i]) * dt;
-    ls->next_run.clear();
-    for (int f : ls->running) {
-      ls->left[f] -= ls->rate[f] * dt;
+      if (act[i] > 0) rem[i] -= (cap0[i] - cap_left[i]) * dt;
+    size_t nnext = 0;
+    for (size_t r = 0; r < nrun; ++r) {
+      const int f = running[r];
+      left[f] -= rate[f] * dt;
       // Flows within 0.1 % of the step finish together (as the simulator's RTOL does).
-      if (ls->left[f] > ls->rate[f] * dt * 1e-3) {
-        ls->next_run.push_back(f);
+      if (left[f] > rate[f] * dt * 1e-3) {
+        next_run[nnext++] = f;
         continue;
       }
-      ls->state[f] = 2;
+      state[f] = 2;
       for (int k = foff[f]; k < foff[f + 1]; ++k) {
-        ls->act[fl[k]] -= 1;
-        ls->rem[fl[k]] -= ls->left[f];
+        act[fl[k]] -= 1;
+        rem[fl[k]] -= left[f];
       }
       if (engines > 0) {  // the freed copy engine takes this source's next queued transfer
-        const int src = pair_src_[ls->flow_pair[f]];
-        ls->per_source[src] -= 1;
-        const int g = ls->src_head[src];
+        const int src = psrc[flow_pair[f]];
+        per_source[src] -= 1;
+        const int g = src_head[src];
         if (g >= 0) {
-          ls->next_run.push_back(g);
-          ls->state[g] = 1;
-          for (int k = foff[g]; k < foff[g + 1]; ++k) ls->act[fl[k]] += 1;
-          ls->per_source[src] += 1;
-          ls->src_head[src] = ls->src_next[g];
+          next_run[nnext++] = g;
+          state[g] = 1;
+          for (int k = foff[g]; k < foff[g + 1]; ++k) act[fl[k]] += 1;
+          per_source[src] += 1;
+          src_head[src] = src_next[g];
         }
       }
     }
-    ls->running.swap(ls->next_run);
-    if (limit < kDone && !ls->running.empty()) {
+    std::swap(running, next_run);
+    nrun = nnext;
+    if (limit < kDone && nrun > 0) {
       // Lower bound on what is left: the busiest link's bytes over its bandwidth or, under
       // contention, that link's flows drained smallest first at bandwidth * eta(flows left), as
       // merged_bound() does; less 0.2 % (flows within 0.1 % of a step finish early, rounding).
       double rest = 0.0;
       int hot = -1;
       for (size_t i = 0; i < nl; ++i) {
-        const double x = ls->rem[i] * inv_bw_[ls->touched[i]];
+        const double x = rem[i] * inv_bw_[ls->touched[i]];
         if (x > rest) {
           rest = x;
           hot = static_cast<int>(i);
@@ -543,9 +579,9 @@ double Scheduler::event_time(LinkScratch* ls, double limit) const {
       if (hot >= 0 && model_.eta_beta > 0.0 && t + rest * (1.0 - 2e-3) < limit) {
         std::vector<double>& sz = ls->sizes_on[0];
         sz.clear();
-        for (int k = ls->link_off[hot]; k < ls->link_off[hot + 1]; ++k) {
-          const int f = ls->link_flows[k];
-          if (ls->state[f] != 2) sz.push_back(ls->state[f] == 1 ? ls->left[f] : ls->flow_bytes[f]);
+        for (int k = loff[hot]; k < loff[hot + 1]; ++k) {
+          const int f = lflows[k];
+          if (state[f] != 2) sz.push_back(state[f] == 1 ? left[f] : ls->flow_bytes[f]);
         }
         std::sort(sz.begin(), sz.end());
         const double bw = link_bw_[ls->touched[hot]];
