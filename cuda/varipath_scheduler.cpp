@@ -237,12 +237,15 @@ std::vector<std::vector<int>> Scheduler::decompose(const std::vector<int64_t>& d
                                                    std::vector<std::vector<int64_t>>* bytes) const {
   // Per-pair cap: the quantum scaled by the pair's full rate, so a phase's transfers take
   // about the same time (a slow cross-socket pair gets fewer bytes than a local one).
+  // (Whole-pair passes use neither: every cap is the quantum.)
   std::vector<int64_t> cap(demand.size(), quantum);
-  std::vector<double> rate(demand.size(), rate_Bps_);
-  for (size_t p = 0; p < demand.size(); ++p) {
-    for (int l : links_of(p)) rate[p] = std::min(rate[p], link_bw_[l]);
-    cap[p] = scale_by_rate ? std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(quantum) * (rate[p] / rate_Bps_)))
-                           : quantum;
+  std::vector<double> rate;
+  if (scale_by_rate) {
+    rate.assign(demand.size(), rate_Bps_);
+    for (size_t p = 0; p < demand.size(); ++p) {
+      for (int l : links_of(p)) rate[p] = std::min(rate[p], link_bw_[l]);
+      cap[p] = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(quantum) * (rate[p] / rate_Bps_)));
+    }
   }
   std::vector<int64_t> left(demand.size(), 0);
   int64_t total = 0;
@@ -274,6 +277,8 @@ std::vector<std::vector<int>> Scheduler::decompose(const std::vector<int64_t>& d
                                       : std::numeric_limits<double>::infinity();
     std::vector<int> pairs;
     std::vector<int64_t> amount;
+    pairs.reserve(chan_pairs_[best].size());
+    amount.reserve(chan_pairs_[best].size());
     for (int p : chan_pairs_[best]) {
       if (left[p] <= 0) continue;
       const int64_t fit = std::isinf(span) ? left[p] : std::max<int64_t>(1, static_cast<int64_t>(span * rate[p]));
