@@ -84,6 +84,10 @@ constexpr int kMaxMergeManyRanks = 8;
 constexpr int kCatalogMaxRanks = 16;
 // An exact plan within this fraction of the cost model's lower bound ends the search.
 constexpr double kGoodEnough = 0.015;
+// A simulated plan within kGoodEnough of the plan floor ends the search only while that margin
+// is at most kGoodEnoughAbs seconds (about one more 8-rank simulation's planning time): past
+// it the plan time a later candidate might save outweighs the planning time saved.
+constexpr double kGoodEnoughAbs = 25e-6;
 // The catalog pass is built only when the best exact link-greedy plan exceeds the cost model's
 // lower bound by more than this fraction (below it, catalog plans rarely won by > 1 %).
 constexpr double kCatalogGain = 0.05;
@@ -1406,8 +1410,9 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
     bool exact;
     bool reference;  // the peer-round or direct plan itself (see below)
     int groups = -1;  // index of its per-group bounds in group_bounds (merged_cost()), or -1
+    int tie = 0;      // order among equal bounds, before the decomposition's index (see below)
     bool operator<(const Candidate& o) const {
-      return bound != o.bound ? bound < o.bound : dec != o.dec ? dec < o.dec : merge < o.merge;
+      return bound != o.bound ? bound < o.bound : tie != o.tie ? tie < o.tie : dec != o.dec ? dec < o.dec : merge < o.merge;
     }
   };
   std::vector<Candidate> cands;
@@ -1550,6 +1555,17 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
       best_bound = std::min(best_bound, bound);
     }
   }
+  // With copy-engine queues (no eta) on one host the candidates simulated are one-phase orders
+  // of equal bounds (the plain link load) whose event-model costs differ by a few percent; the
+  // catalog's and the peer rounds' orders, the ones that most often reach the plan floor, go
+  // first among equal bounds, so that the search below usually ends at the first or second
+  // simulation (kGoodEnough; small sizes, see kGoodEnoughAbs).
+  const bool stop_good_enough = kGoodEnough * floor_s <= kGoodEnoughAbs;
+  if (stop_good_enough && model_.copy_engines > 0 && model_.eta_beta <= 0.0 && n_ <= kCatalogMaxRanks)
+    for (Candidate& c : cands) {
+      const int fam = decs[c.dec].family;
+      c.tie = fam == kCatalogChannels ? 0 : fam == kPeerRounds ? 1 : fam == kLinkGreedy ? 2 : 3;
+    }
   std::sort(cands.begin(), cands.end());
   double best_cost = std::numeric_limits<double>::infinity();
   const Candidate* best = nullptr;
@@ -1568,8 +1584,9 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
     // Past kMaxSimulatedRanks ranks the event model is not run at all: candidates are ranked
     // by their bounds (planning time); below, unaffordable candidates are skipped.
     const bool by_bound = c.exact || n_ > kMaxSimulatedRanks;
-    // The baselines' own plans (peer rounds, direct) are always costed, outside the budget, so
-    // the choice never trails them by more than the event model's error.
+    // The baselines' own plans (peer rounds, direct) are always costed, outside the budget
+    // (unless a plan within kGoodEnough of the floor ended the search), so the choice never
+    // trails them by more than kGoodEnough plus the event model's error.
     if (!by_bound && ((simulated >= kMaxSimulated && !c.reference) || !affordable(decs[c.dec], c.merge))) continue;
     simulated += by_bound ? 0 : 1;
     const double cost = by_bound ? c.bound
@@ -1578,6 +1595,10 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
     if (cost < best_cost * (1.0 - 1e-12)) {
       best_cost = cost;
       best = &c;
+      // No plan costs less than the plan floor: one within kGoodEnough of it ends the search, as
+      // an exact link-greedy plan does above (the plan taken is then at most kGoodEnough, and
+      // at most kGoodEnoughAbs seconds, above the best candidate's cost).
+      if (stop_good_enough && best_cost <= (1.0 + kGoodEnough) * floor_s) break;
     }
   }
   const Decomposition& dec = decs[best->dec];

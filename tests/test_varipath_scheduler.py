@@ -150,6 +150,24 @@ def test_never_behind_best_baseline(model):
             assert vp <= 1.02 * best
 
 
+@pytest.mark.parametrize("name", ["gen4-4sw-2skt", "gen5-2sw"])
+def test_dma_plan_within_good_enough_of_every_family(name):
+    """Under copy-engine queues the search ends at the first simulated plan within 1.5 % of the
+    plan floor (a lower bound on every plan), so the chosen plan is at most 1.5 % (plus the
+    event model's error against the simulator) slower than what any single candidate family
+    (catalog channels, link-greedy, peer rounds, direct) would have chosen; checked with the
+    Python simulator."""
+    topo = Topology.preset(name)
+    full = _fresh_scheduler(topo, "dma")
+    alone = [_fresh_scheduler(topo, "dma", **{f: True}) for f in ("channels", "link_greedy", "peer_rounds", "direct")]
+    for traffic in ("uniform", "zipf0.8", "zipf1.6", "hot4-80"):
+        for size in (MB, 64 * MB):
+            flat = make(traffic, 8, size).ravel().tolist()
+            got = varipath.simulate(topo, full.plan(flat), "dma")
+            best = min(varipath.simulate(topo, s.plan(flat), "dma") for s in alone)
+            assert got <= 1.03 * best, (traffic, size, got, best)
+
+
 def test_fluid_model_prefers_one_phase_and_is_deterministic():
     topo = Topology.preset("gen4-4sw-2skt")
     dem = make("zipf1.2", 8, 16 * MB)
