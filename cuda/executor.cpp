@@ -16,17 +16,18 @@ char* Executor::resolve(const Loc& loc, const ExecContext& ctx) const {
   }
 }
 
+// Index of a peer block in the published tables: inputs first, then outputs.
+size_t Executor::publishedIndex(const Loc& loc) const {
+  return static_cast<size_t>(loc.index) + (loc.space == Space::PeerOut ? group_.world() : 0);
+}
+
 uint64_t Executor::remoteAddress(const Loc& loc) const {
-  const uint64_t* table = group_.blockAddresses(loc.buf, addressParity_);
-  size_t index = static_cast<size_t>(loc.index) + (loc.space == Space::PeerOut ? group_.world() : 0);
-  return table[index] + static_cast<uint64_t>(loc.offset);
+  return group_.blockAddresses(loc.buf, addressParity_)[publishedIndex(loc)] + static_cast<uint64_t>(loc.offset);
 }
 
 const char* Executor::mappedPeer(const Loc& loc, size_t bytes) {
-  const SharedRegionRef* regions = group_.blockRegions(loc.buf, addressParity_);
-  size_t index = static_cast<size_t>(loc.index) + (loc.space == Space::PeerOut ? group_.world() : 0);
-  if (regions[index].fd < 0) return nullptr;
-  return peerMaps_.resolve(group_.pid(loc.buf), regions[index], remoteAddress(loc), bytes);
+  const SharedRegionRef& region = group_.blockRegions(loc.buf, addressParity_)[publishedIndex(loc)];
+  return peerMaps_.resolve(group_.pid(loc.buf), region, remoteAddress(loc), bytes);
 }
 
 void Executor::publishAddresses(const ExecContext& ctx, uint32_t parity) {

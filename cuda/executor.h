@@ -38,6 +38,7 @@ class Executor {
 
  private:
   char* resolve(const Loc& loc, const ExecContext& ctx) const;
+  size_t publishedIndex(const Loc& loc) const;
   uint64_t remoteAddress(const Loc& loc) const;
   // Peer memory as a local pointer when the block is a shared tensor this process can map;
   // nullptr: read it with cross-memory copies.

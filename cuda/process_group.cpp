@@ -435,9 +435,7 @@ std::shared_ptr<const Plan> ProcessGroupHOCCL::planFor(const PlanRequest& req) {
 bool ProcessGroupHOCCL::everyRankShared(uint32_t parity, int64_t bytes) const {
   for (int r = 0; r < size_; ++r) {
     const SharedRegionRef& ref = group_->blockRegions(r, parity)[0];
-    const uint64_t address = group_->blockAddresses(r, parity)[0];
-    if (ref.fd < 0 || address < ref.base || address + static_cast<uint64_t>(bytes) > ref.base + ref.bytes)
-      return false;
+    if (!ref.covers(group_->blockAddresses(r, parity)[0], static_cast<uint64_t>(bytes))) return false;
   }
   return true;
 }

@@ -225,7 +225,8 @@ class ProcessGroupHOCCL : public c10d::Backend {
   std::vector<c10::intrusive_ptr<WorkHOCCL>> coalesced_;
 
   std::mutex planMutex_;
-  // Keyed by (kind, root, element size, bytes, cross-memory): what a plan depends on.
+  // Keyed by (kind, root, element size, bytes, cross-memory, addresses published, every tensor
+  // shared): what a plan depends on.
   std::map<std::tuple<int, int, int64_t, int64_t, bool, bool, bool>, std::shared_ptr<const Plan>> planCache_;
   bool hasChannels_ = false;  // VarioPath channels were set (names the algorithm "varipath")
   std::shared_ptr<const varipath::Scheduler> scheduler_;  // set when there is > 1 channel

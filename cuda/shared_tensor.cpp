@@ -99,7 +99,7 @@ PeerMappings::~PeerMappings() {
 }
 
 const char* PeerMappings::resolve(int pid, const SharedRegionRef& ref, uint64_t address, size_t bytes) {
-  if (ref.fd < 0 || ref.bytes == 0 || address < ref.base || address + bytes > ref.base + ref.bytes) return nullptr;
+  if (!ref.covers(address, bytes)) return nullptr;
   Key key{pid, ref.dev, ref.ino};
   auto it = maps_.find(key);
   if (it == maps_.end()) {

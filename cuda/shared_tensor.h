@@ -22,6 +22,10 @@ struct SharedRegionRef {
   uint64_t dev = 0, ino = 0;  // identity of the memfd, checked after the peer opens it
   uint64_t base = 0;          // address of the mapping in the owner
   uint64_t bytes = 0;         // length of the mapping
+  // [address, address + len) lies inside this shared region (false for ordinary memory).
+  bool covers(uint64_t address, uint64_t len) const {
+    return fd >= 0 && bytes > 0 && address >= base && address + len <= base + bytes;
+  }
 };
 
 // A new uninitialised 1-D uint8 CPU tensor of `bytes` bytes in shared memory (Python views it

@@ -10,13 +10,14 @@ from hoccl_backend.bench import OPS, bus_factor
 def test_bench_rows_cover_every_op_backend_and_size(tmp_path):
     out = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, "-m", "hoccl_backend.bench", "--world", "2", "--sizes", "8,4K",
-                           "--rounds", "2", "--no-progress", "--thp", "--json", str(out)],
+                           "--rounds", "2", "--no-progress", "--thp", "--shared-buffers", "--json", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "busbw x gloo" in proc.stdout
     assert "(THP_MEM_ALLOC_ENABLE): on" in proc.stdout
     result = json.loads(out.read_text())
     assert result["thp"] is True
+    assert "buffers: hoccl_backend.empty (shared)" in proc.stdout and result["shared_buffers"] is True
     rows = result["rows"]
     keys = {(r["backend"], r["op"], r["bytes"]) for r in rows}
     # 8 bytes rounds up to one float32 per rank for the sharded ops (2 ranks -> 8 bytes).
