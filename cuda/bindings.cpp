@@ -53,6 +53,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("is_shared", &hoccl::isShared, py::arg("tensor"));
   m.def("peer_mapped_bytes", &hoccl::PeerMappings::bytesRead,
         "bytes this process read from peers' shared tensors through mappings (all groups)");
+  m.def("huge_page_promoted_bytes", &hoccl::HugePagePromoter::bytesPromoted,
+        "bytes of reused peer-read buffers this process moved onto huge pages (all groups)");
   bindCuda(m);
 #ifdef HOCCL_WITH_CUDA
   m.attr("built_with_cuda") = true;

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "shared_tensor.h"
 #include "streaming_copy.h"
 
 #if __has_include("varipath_scheduler.h")
@@ -134,7 +135,6 @@ HocclConfig HocclConfig::fromEnv(int world) {
   c.shm.ringBytes = static_cast<size_t>(envBytes("HOCCL_SHM_RING_BYTES", ringDefault));
   c.oneShotMaxBytes = envBytes("HOCCL_ALLREDUCE_ONESHOT_BYTES", 64 << 10);
   c.crossMemoryMinBytes = envBytes("HOCCL_CMA_MIN_BYTES", 256 << 10);
-  c.allReduceDirectReadMaxBytes = envBytes("HOCCL_ALLREDUCE_CMA_MAX_BYTES", 64 << 20);
   std::string cma = envString("HOCCL_SHM_CMA", "auto");
   if (cma == "auto") c.shm.crossMemory = -1;
   else if (cma == "0" || cma == "off") c.shm.crossMemory = 0;
@@ -142,6 +142,11 @@ HocclConfig HocclConfig::fromEnv(int world) {
   else throw std::invalid_argument("hoccl: HOCCL_SHM_CMA=" + cma + " is not one of auto, 0, 1");
   c.inlineMaxBytes = envBytes("HOCCL_INLINE_BYTES", 64 << 10);
   c.streamingCopyMinBytes = envBytes("HOCCL_STREAMING_COPY_BYTES", static_cast<int64_t>(kStreamingCopyMinBytes));
+  c.hugePageMinBytes = envBytes("HOCCL_HUGEPAGE_MIN_BYTES", 4 << 20);
+  // Cross-memory reads of reused buffers on huge pages run ~1.3-1.5x faster (README), which
+  // moves the point where staging beats all_reduce's two direct reads per byte further out.
+  c.allReduceDirectReadMaxBytes =
+      envBytes("HOCCL_ALLREDUCE_CMA_MAX_BYTES", c.hugePageMinBytes > 0 ? 256 << 20 : 64 << 20);
   c.cudaViaHostOnly = envString("HOCCL_CUDA_TRANSPORT", "ce") == "host";
   std::string dbg = envString("HOCCL_DEBUG", "");
   c.debug = dbg == "TRACE" ? 2 : (dbg == "INFO" ? 1 : 0);
@@ -192,6 +197,7 @@ ProcessGroupHOCCL::ProcessGroupHOCCL(const c10::intrusive_ptr<c10d::Store>& stor
   checkSingleHost(store, rank, size, timeout);
   group_ = std::make_unique<ShmGroup>(store, rank, size, config_.shm, timeout);
   executor_ = std::make_unique<Executor>(*group_, config_.streamingCopyMinBytes);
+  hugePages_ = HugePagePromoter(config_.hugePageMinBytes);
   worker_ = std::thread([this] { workerLoop(); });
 }
 
@@ -440,6 +446,27 @@ bool ProcessGroupHOCCL::everyRankShared(uint32_t parity, int64_t bytes) const {
   return true;
 }
 
+// Before peers are told where this rank's buffers are: the blocks they will read with
+// process_vm_readv go on huge pages when their range comes back (huge_pages.h). Only plans that
+// read peers directly pin pages; shared tensors are mapped, not pinned, and are left alone.
+void ProcessGroupHOCCL::promoteReusedBuffers(const Collective& c) {
+  if (config_.hugePageMinBytes <= 0 || !group_->crossMemory() || size_ == 1) return;
+  if (c.req.kind == OpKind::Barrier || c.req.bytes < config_.crossMemoryMinBytes) return;
+  if (c.req.kind == OpKind::AllReduce && c.req.bytes * size_ >= config_.allReduceDirectReadMaxBytes) return;
+  std::vector<std::pair<const char*, size_t>> spans;
+  for (size_t i = 0; i < c.ctx.in.size(); ++i) {
+    if (!c.ctx.in[i] || (c.req.kind == OpKind::AllToAll && static_cast<int>(i) == rank_)) continue;
+    size_t n = static_cast<size_t>(c.req.kind == OpKind::AllToAll ? c.sendBytes[i] : c.req.bytes);
+    if (n > 0 && findSharedRegion(c.ctx.in[i], n).fd < 0) spans.emplace_back(c.ctx.in[i], n);
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  uint64_t promoted = hugePages_.notePeerReadable(std::move(spans));
+  if (promoted > 0 && config_.debug >= 1)
+    std::fprintf(stderr, "[hoccl rank %d] %s #%u: %.1f MiB of a reused buffer moved onto huge pages in %.1f ms\n",
+                 rank_, c.opName, c.ctx.desc.opSeq, promoted / 1048576.0,
+                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+}
+
 void ProcessGroupHOCCL::runCollective(Collective& c) {
   auto start = std::chrono::steady_clock::now();
   c.deadline = start + timeout_;
@@ -459,6 +486,8 @@ void ProcessGroupHOCCL::runCollective(Collective& c) {
   if (group_->aborted())
     throw std::runtime_error(std::string("hoccl ") + c.opName + " on rank " + std::to_string(rank_) +
                              ": the group was aborted earlier: " + group_->abortMessage());
+
+  promoteReusedBuffers(c);
 
   std::shared_ptr<const Plan> plan;
   if (c.req.kind == OpKind::AllToAll) {

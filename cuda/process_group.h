@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "executor.h"
+#include "huge_pages.h"
 #include "p2p_engine.h"
 #include "plan.h"
 #include "shm_group.h"
@@ -70,6 +71,7 @@ struct HocclConfig {
   int64_t allReduceDirectReadMaxBytes = 64 << 20;  // all_reduce: direct reads below bytes x world
   int64_t inlineMaxBytes = 64 << 10;  // run smaller collectives on the caller's thread when idle
   int64_t streamingCopyMinBytes = 1 << 20;  // copies into outputs from this size bypass the cache
+  int64_t hugePageMinBytes = 4 << 20;  // reused peer-read buffers from this size go on huge pages (0: off)
   bool cudaViaHostOnly = false;  // HOCCL_CUDA_TRANSPORT=host
   int debug = 0;  // 0 off, 1 INFO, 2 TRACE
   AllToAllAlgo alltoall = AllToAllAlgo::Direct;
@@ -155,6 +157,7 @@ class ProcessGroupHOCCL : public c10d::Backend {
   void runTask(const c10::intrusive_ptr<WorkHOCCL>& work, const Body& body);
   void workerLoop();
   void runCollective(Collective& c);
+  void promoteReusedBuffers(const Collective& c);
   void validateDescriptors(const Collective& c, uint32_t parity) const;
   void validateSplits(const Collective& c, uint32_t parity) const;
   std::vector<TransferPhase> scheduleAllToAll(const std::vector<int64_t>& matrix);
@@ -208,6 +211,7 @@ class ProcessGroupHOCCL : public c10d::Backend {
   HocclConfig config_;
   std::unique_ptr<ShmGroup> group_;
   std::unique_ptr<Executor> executor_;
+  HugePagePromoter hugePages_{0};
   std::unique_ptr<P2PEngine> p2p_;
   std::mutex p2pMutex_;
   uint32_t opSeq_ = 0;  // worker thread only

@@ -316,6 +316,9 @@ def main(argv=None) -> int:
     if args.thp:
         os.environ["THP_MEM_ALLOC_ENABLE"] = "1"  # read by torch in the spawned ranks
     thp = os.environ.get("THP_MEM_ALLOC_ENABLE", "0") == "1"
+    # hoccl's own promotion of reused peer-read buffers onto huge pages (the ranks inherit this).
+    promote = os.environ.get("HOCCL_HUGEPAGE_MIN_BYTES", "4M")
+    promote = "off" if promote.strip() in ("0", "0K", "0M") else f"buffers >= {promote}"
     rows = []
     before = memcpy_bandwidth()
     for world in worlds:
@@ -327,14 +330,15 @@ def main(argv=None) -> int:
     print(f"# machine: {os.cpu_count()} cores; single-core memcpy {mc:.2f} GB/s "
           f"(before {before:.2f}, after {after:.2f}); load average {load}; "
           f"ranks' tensors on huge pages (THP_MEM_ALLOC_ENABLE): {'on' if thp else 'off'}; "
-          f"buffers: {'hoccl_backend.empty (shared)' if args.shared_buffers else 'torch.empty'}")
+          f"buffers: {'hoccl_backend.empty (shared)' if args.shared_buffers else 'torch.empty'}; "
+          f"hoccl huge-page promotion of reused buffers (HOCCL_HUGEPAGE_MIN_BYTES): {promote}")
     print_table(rows, backends, mc)
     if args.markdown and "hoccl" in backends and "gloo" in backends:
         print_markdown(rows, mc)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"memcpy_GBps": mc, "memcpy_before_after_GBps": [before, after], "thp": thp,
-                       "shared_buffers": args.shared_buffers, "rows": rows}, f, indent=1)
+                       "shared_buffers": args.shared_buffers, "hugepage_promotion": promote, "rows": rows}, f, indent=1)
     if args.plot:
         plot(rows, args.plot)
         print(f"plot written to {args.plot}")
