@@ -94,6 +94,13 @@ constexpr double kCatalogGain = 0.05;
 // Relative margin of screening tests done with multiplications by reciprocals (a few ulps
 // off the exact divisions); values inside it are decided by the exact division.
 constexpr double kScreen = 1e-9;
+// merged_bound(): flow sizes kept per link while adding a group's transfers, up to this many
+// flows per link (else they are gathered from the flows afterwards).
+constexpr int kOnLink = 8;
+// merged_bound(): a group touching at least 1 / kDenseShare of the links scans all of them.
+constexpr size_t kDenseShare = 4;
+// Peer rounds' early-stop floors: at most this many of the most loaded links (see peer_loads()).
+constexpr int kPeerFloorLinks = 64;
 
 }  // namespace
 
@@ -162,6 +169,10 @@ void Scheduler::set_cost_model(const CostModel& model) {
     eta_table_[k] = std::max(model_.eta_min, 1.0 - model_.eta_beta * std::log2(static_cast<double>(k)));
   inv_eta_table_.resize(eta_table_.size());
   for (size_t k = 0; k < eta_table_.size(); ++k) inv_eta_table_[k] = 1.0 / eta_table_[k];
+  // log2 grows with k, so once the table's last entry is at the floor eta_min every larger k is
+  // too (a link shared by more flows than the table covers then costs no log2 call).
+  const double last = static_cast<double>(eta_table_.size() - 1);
+  eta_floored_ = model_.eta_beta > 0.0 && 1.0 - model_.eta_beta * std::log2(last) <= model_.eta_min;
 }
 
 void Scheduler::set_candidates(int mask) {
@@ -195,16 +206,45 @@ std::vector<double> Scheduler::pair_urgency(const std::vector<int64_t>& demand, 
                                             std::vector<double>* load_out) const {
   std::vector<double>& load = *load_out;
   load.assign(link_bw_.size(), 0.0);
+  // Each link's bytes.  When the whole demand is under 2^53 bytes every partial sum is an exact
+  // integer in double precision, so the sums are taken in int64 (one-cycle adds, no chain of
+  // dependent floating-point adds through memory): the same values.
+  uint64_t total = 0;
+  bool small = true;
   for (size_t p = 0; p < demand.size(); ++p)
-    if (pair_src_[p] != pair_dst_[p] && demand[p] > 0)
-      for (int l : links_of(p)) load[l] += static_cast<double>(demand[p]);
+    if (pair_src_[p] != pair_dst_[p] && demand[p] > 0) {
+      total += static_cast<uint64_t>(demand[p]);
+      small = small && total < (uint64_t{1} << 53);
+    }
+  if (small) {
+    std::vector<int64_t> sum(link_bw_.size(), 0);
+    for (size_t p = 0; p < demand.size(); ++p)
+      if (pair_src_[p] != pair_dst_[p] && demand[p] > 0)
+        for (int l : links_of(p)) sum[l] += demand[p];
+    for (size_t l = 0; l < load.size(); ++l) load[l] = static_cast<double>(sum[l]);
+  } else {
+    for (size_t p = 0; p < demand.size(); ++p)
+      if (pair_src_[p] != pair_dst_[p] && demand[p] > 0)
+        for (int l : links_of(p)) load[l] += static_cast<double>(demand[p]);
+  }
   double top = 0.0;
   for (size_t l = 0; l < load.size(); ++l) top = std::max(top, load[l] / link_bw_[l]);
   *bound_s = top;
   std::vector<double> w(demand.size(), 0.0);
   if (top <= 0.0) return w;
-  std::vector<double> busy(load.size());  // each link's time, divided once
+  std::vector<double> busy(load.size() + 1, 0.0);  // each link's time, divided once (0 past the end)
   for (size_t l = 0; l < load.size(); ++l) busy[l] = load[l] / link_bw_[l];
+  if (!pair_path8_.empty()) {
+    // Paths padded to 8 links with the index past the end (busy 0): a max tree, no loop.
+    const int* path = pair_path8_.data();
+    const double* b = busy.data();
+    for (size_t p = 0; p < demand.size(); ++p, path += 8) {
+      const double u = std::max(std::max(std::max(b[path[0]], b[path[1]]), std::max(b[path[2]], b[path[3]])),
+                                std::max(std::max(b[path[4]], b[path[5]]), std::max(b[path[6]], b[path[7]])));
+      w[p] = kMinWeight + std::max(u, 0.0) / top;
+    }
+    return w;
+  }
   for (size_t p = 0; p < demand.size(); ++p) {
     double u = 0.0;
     for (int l : links_of(p)) u = std::max(u, busy[l]);
@@ -337,6 +377,10 @@ struct Scheduler::LinkScratch {
   std::vector<double> bucket;          // bound: their flow sizes, one segment per link
   std::vector<double> left_load;       // bound, early stop: each link's bytes in the groups to come
   std::vector<double> group_bound;     // bound, early stop: each group's bound (summed in plan order)
+  std::vector<int> mb_pair, mb_touched;  // bound: the group's flows (pair, bytes) and touched links
+  std::vector<double> mb_bytes;
+  std::vector<double> on_link;         // bound: each link's flow sizes, kOnLink slots per link
+  std::vector<int> flow_rank;          // bound: each flow's slot on each of its links (8 per flow)
   explicit LinkScratch(size_t links, size_t pairs, size_t gpus)
       : load(links, 0.0), flows(links, 0), slot(pairs, -1), per_source(gpus, 0), sizes_on(links),
         link_id(links, 0), src_head(gpus, -1), need(links, 0), bucket_at(links, 0) {}
@@ -368,6 +412,7 @@ double Scheduler::inv_eta(int k) const {
 double Scheduler::eta(int k) const {
   if (model_.eta_beta <= 0.0) return 1.0;
   if (static_cast<size_t>(k) < eta_table_.size()) return eta_table_[k];
+  if (eta_floored_) return model_.eta_min;
   return std::max(model_.eta_min, 1.0 - model_.eta_beta * std::log2(static_cast<double>(k)));
 }
 
@@ -914,7 +959,7 @@ std::vector<std::vector<int>> Scheduler::link_greedy(const std::vector<int64_t>&
 // candidate cannot win and +inf is returned (*exact false).
 double Scheduler::merged_bound(const Decomposition& dec, int merge, LinkScratch* ls, bool* exact,
                                uint64_t* signature, std::vector<double>* group_bounds, const HotLink* hot,
-                               double stop, double stop_inexact) const {
+                               double stop, double stop_inexact, const std::vector<double>* floor_prefix) const {
   if (group_bounds) group_bounds->clear();
   double total = 0.0;
   *exact = true;
@@ -968,39 +1013,137 @@ double Scheduler::merged_bound(const Decomposition& dec, int merge, LinkScratch*
     scan_every = std::max<size_t>(1, (8 * link_bw_.size() * groups) / std::max<size_t>(1, 6 * transfers));
   }
   double done = 0.0;  // bounds of the groups done so far
+  // The group's flows and touched links in flat buffers written by index (no push_back per
+  // transfer); the link tables through local pointers.
+  if (ls->mb_pair.size() < pair_links_.size()) {
+    ls->mb_pair.resize(pair_links_.size());
+    ls->mb_bytes.resize(pair_links_.size());
+  }
+  if (ls->mb_touched.size() < link_bw_.size()) ls->mb_touched.resize(link_bw_.size());
+  // Under contention each link's flow sizes are also written to its kOnLink slots as the
+  // transfers are added (a repeated pair adds to its slot: paths of at most 8 links), so the
+  // shared links' sizes need no second pass over the flows unless a link has more flows.
+  const bool keep_sizes = model_.eta_beta > 0.0 && (dec.unique || !pair_path8_.empty());
+  if (ls->on_link.size() < link_bw_.size() * kOnLink) ls->on_link.resize(link_bw_.size() * kOnLink);  // written by unique decompositions always
+  if (keep_sizes && !dec.unique && ls->flow_rank.size() < pair_links_.size() * 8) ls->flow_rank.resize(pair_links_.size() * 8);
+  double* const onl = ls->on_link.data();
+  int* const frank = ls->flow_rank.data();
+  int* const fp = ls->mb_pair.data();
+  double* const fb = ls->mb_bytes.data();
+  int* const tl = ls->mb_touched.data();
+  double* const load = ls->load.data();
+  int* const flows = ls->flows.data();
+  int* const slot = ls->slot.data();
+  const double* const ibw = inv_bw_.data();
+  const double* const bw = link_bw_.data();
+  const size_t nlinks = link_bw_.size();
   for (size_t g = 0; g < groups; ++g) {
     const size_t start = (backwards ? groups - 1 - g : g) * static_cast<size_t>(merge);
     const size_t end = std::min(dec.pairs.size(), start + static_cast<size_t>(merge));
-    for (size_t i = start; i < end; ++i)
-      for (size_t k = 0; k < dec.pairs[i].size(); ++k) {
-        const int p = dec.pairs[i][k];
-        if (!dec.unique) {
-          add_transfer(ls, p, dec.bytes[i][k], true);
+    int nf = 0, nt = 0;
+    bool spilled = !keep_sizes;  // some link has more than kOnLink flows
+    for (size_t i = start; i < end; ++i) {
+      const int* const pi = dec.pairs[i].data();
+      const int64_t* const bi = dec.bytes[i].data();
+      const size_t count = dec.pairs[i].size();
+      for (size_t k = 0; k < count; ++k) {
+        const int p = pi[k];
+        const double b = static_cast<double>(bi[k]);
+        const int* const lb = pl_.data() + pl_off_[p];
+        const int* const le = pl_.data() + pl_off_[p + 1];
+        if (dec.unique) {  // every pair appears once in the decomposition: a new flow
+          fp[nf] = p;
+          fb[nf] = b;
+          ++nf;
+          for (const int* it = lb; it != le; ++it) {
+            const int l = *it;
+            load[l] += b;
+            const int r = flows[l]++;
+            if (r == 0) tl[nt++] = l;
+            if (r < kOnLink)
+              onl[l * kOnLink + r] = b;
+            else
+              spilled = true;
+          }
           continue;
         }
-        // Every pair appears once in the decomposition: a new flow, no slot lookup.
-        const double b = static_cast<double>(dec.bytes[i][k]);
-        ls->flow_pair.push_back(p);
-        ls->flow_bytes.push_back(b);
-        for (int l : links_of(p)) {
-          if (ls->flows[l] == 0 && ls->load[l] == 0.0) ls->touched.push_back(l);
-          ls->load[l] += b;
-          ls->flows[l] += 1;
+        // A pair repeated inside the group is one flow (as materialize() merges it).
+        int& at = slot[p];
+        if (at < 0) {
+          at = nf;
+          fp[nf] = p;
+          fb[nf] = b;
+          ++nf;
+          int* const rk = frank + static_cast<size_t>(at) * 8;
+          for (const int* it = lb; it != le; ++it) {
+            const int l = *it;
+            load[l] += b;
+            const int r = flows[l]++;
+            if (r == 0) tl[nt++] = l;
+            if (!keep_sizes) continue;
+            rk[it - lb] = r;
+            if (r < kOnLink)
+              onl[l * kOnLink + r] = b;
+            else
+              spilled = true;
+          }
+        } else {
+          fb[at] += b;
+          const int* const rk = frank + static_cast<size_t>(at) * 8;
+          for (const int* it = lb; it != le; ++it) {
+            const int l = *it;
+            load[l] += b;
+            if (keep_sizes && rk[it - lb] < kOnLink) onl[l * kOnLink + rk[it - lb]] += b;
+          }
         }
       }
-    double worst = 0.0;
+    }
+    // The busiest link's plain time: screened with reciprocals, then the exact division for the
+    // links within kScreen of the screened maximum (the same value as dividing every link).
+    // When the group touches a good share of the links, the per-link loops run over all of them
+    // in index order (untouched links hold zeros): no gather through the touched list.
+    const bool dense = static_cast<size_t>(nt) * kDenseShare >= nlinks;
+    double wu = 0.0;
     bool shared = false;
-    for (int l : ls->touched) {
-      shared = shared || ls->flows[l] > 1;
-      worst = std::max(worst, ls->load[l] / link_bw_[l]);
+    if (dense) {
+      double m0 = 0.0, m1 = 0.0;
+      int most = 0;
+      size_t l = 0;
+      for (; l + 2 <= nlinks; l += 2) {
+        m0 = std::max(m0, load[l] * ibw[l]);
+        m1 = std::max(m1, load[l + 1] * ibw[l + 1]);
+        most = std::max(most, std::max(flows[l], flows[l + 1]));
+      }
+      for (; l < nlinks; ++l) {
+        m0 = std::max(m0, load[l] * ibw[l]);
+        most = std::max(most, flows[l]);
+      }
+      wu = std::max(m0, m1);
+      shared = most > 1;
+    } else {
+      for (int j = 0; j < nt; ++j) {
+        const int l = tl[j];
+        shared = shared || flows[l] > 1;
+        wu = std::max(wu, load[l] * ibw[l]);
+      }
+    }
+    double worst = 0.0;
+    const double cut = wu * (1.0 - kScreen);
+    if (dense) {
+      for (size_t l = 0; l < nlinks; ++l)
+        if (load[l] * ibw[l] >= cut) worst = std::max(worst, load[l] / bw[l]);
+    } else {
+      for (int j = 0; j < nt; ++j) {
+        const int l = tl[j];
+        if (load[l] * ibw[l] >= cut) worst = std::max(worst, load[l] / bw[l]);
+      }
     }
     // Signature of the fused phases as the cost model sees them: the flows and their bytes,
     // in order when copy-engine queues make the order matter.
     if (signature) {
       uint64_t group = 0;
-      for (size_t f = 0; f < ls->flow_pair.size(); ++f) {
-        const uint64_t h = mix64((static_cast<uint64_t>(ls->flow_pair[f]) << 40) ^
-                                 static_cast<uint64_t>(ls->flow_bytes[f]));
+      for (int f = 0; f < nf; ++f) {
+        const uint64_t h = mix64((static_cast<uint64_t>(fp[f]) << 40) ^ static_cast<uint64_t>(fb[f]));
         group = model_.copy_engines > 0 ? mix64(group ^ h) : group + h;
       }
       sig = mix64(sig ^ group);
@@ -1015,44 +1158,88 @@ double Scheduler::merged_bound(const Decomposition& dec, int merge, LinkScratch*
       std::vector<int>& needed = ls->needed;
       needed.clear();
       int total_flows = 0;
-      for (int l : ls->touched) {
-        const int k = ls->flows[l];
-        if (k < 2) continue;
-        const double u = ls->load[l] * inv_bw_[l] * inv_eta(k);
-        const bool need = u > worst * (1.0 + kScreen) ||
-                          (u >= worst * (1.0 - kScreen) && ls->load[l] / (link_bw_[l] * eta(k)) > worst);
-        if (!need) continue;
+      const double over = worst * (1.0 + kScreen), near = worst * (1.0 - kScreen);
+      auto consider = [&](int l, int k) {
+        const double u = load[l] * ibw[l] * inv_eta(k);
+        if (!(u > over || (u >= near && load[l] / (bw[l] * eta(k)) > worst))) return;
         ls->need[l] = 1;
         ls->bucket_at[l] = total_flows;
         total_flows += k;
         needed.push_back(l);
+      };
+      if (dense) {
+        for (size_t l = 0; l < nlinks; ++l)
+          if (flows[l] > 1) consider(static_cast<int>(l), flows[l]);
+      } else {
+        for (int j = 0; j < nt; ++j)
+          if (flows[tl[j]] > 1) consider(tl[j], flows[tl[j]]);
       }
-      if (!needed.empty()) {
-        ls->bucket.resize(static_cast<size_t>(total_flows));
-        double* buf = ls->bucket.data();
-        for (size_t f = 0; f < ls->flow_pair.size(); ++f)
-          for (int l : links_of(ls->flow_pair[f]))
-            if (ls->need[l]) buf[ls->bucket_at[l]++] = ls->flow_bytes[f];
+      if (!needed.empty() && !spilled) {
         for (int l : needed) {
-          const int k = ls->flows[l];
-          double* sz = buf + (ls->bucket_at[l] - k);
+          const int k = flows[l];
+          double* sz = onl + l * kOnLink;
+          for (int i = 1; i < k; ++i) {  // insertion sort of at most kOnLink sizes
+            const double x = sz[i];
+            int j = i;
+            for (; j > 0 && sz[j - 1] > x; --j) sz[j] = sz[j - 1];
+            sz[j] = x;
+          }
+          double t = 0.0;
+          for (int i = 0; i < k; ++i) t += sz[i] / (bw[l] * eta(k - i));
+          ls->need[l] = 0;
+          worst = std::max(worst, t);
+        }
+      } else if (!needed.empty()) {
+        // Every flow writes its size at each of its links' next slot; the links not needed all
+        // point at one spare slot (bucket[0]) and do not advance (no branch per link).
+        ls->bucket.resize(static_cast<size_t>(total_flows) + 1);
+        double* buf = ls->bucket.data() + 1;
+        const char* const nd = ls->need.data();
+        int* const at = ls->bucket_at.data();
+        for (int j = 0; j < nt; ++j)
+          if (!nd[tl[j]]) at[tl[j]] = -1;
+        for (int f = 0; f < nf; ++f) {
+          const int p = fp[f];
+          const double x = fb[f];
+          for (const int* it = pl_.data() + pl_off_[p], *e = pl_.data() + pl_off_[p + 1]; it != e; ++it) {
+            const int l = *it;
+            buf[at[l]] = x;
+            at[l] += nd[l];
+          }
+        }
+        for (int l : needed) {
+          const int k = flows[l];
+          double* sz = buf + (at[l] - k);
           std::sort(sz, sz + k);
           double t = 0.0;
-          for (int i = 0; i < k; ++i) t += sz[i] / (link_bw_[l] * eta(k - i));
+          for (int i = 0; i < k; ++i) t += sz[i] / (bw[l] * eta(k - i));
           ls->need[l] = 0;
           worst = std::max(worst, t);
         }
       }
     }
     if (model_.copy_engines > 0 && !shared) {
-      for (int p : ls->flow_pair) shared = shared || ++ls->per_source[pair_src_[p]] > model_.copy_engines;
-      for (int p : ls->flow_pair) ls->per_source[pair_src_[p]] = 0;
+      for (int f = 0; f < nf; ++f) shared = shared || ++ls->per_source[pair_src_[fp[f]]] > model_.copy_engines;
+      for (int f = 0; f < nf; ++f) ls->per_source[pair_src_[fp[f]]] = 0;
     }
     *exact = *exact && !(shared && sharing_costs);
-    if (stoppable) hot_left -= ls->load[hot->link];
-    if (all_links)
-      for (int l : ls->touched) ls->left_load[l] -= ls->load[l];
-    reset_scratch(ls);
+    if (stoppable) hot_left -= load[hot->link];
+    double* const left_load = all_links ? ls->left_load.data() : nullptr;
+    if (dense) {
+      if (left_load)
+        for (size_t l = 0; l < nlinks; ++l) left_load[l] -= load[l];
+      std::fill(load, load + nlinks, 0.0);
+      std::fill(flows, flows + nlinks, 0);
+    } else {
+      for (int j = 0; j < nt; ++j) {
+        const int l = tl[j];
+        if (left_load) left_load[l] -= load[l];
+        load[l] = 0.0;
+        flows[l] = 0;
+      }
+    }
+    if (!dec.unique)
+      for (int f = 0; f < nf; ++f) slot[fp[f]] = -1;
     if (backwards)
       ls->group_bound[start / merge] = latency_s_ + worst;
     else
@@ -1070,6 +1257,12 @@ double Scheduler::merged_bound(const Decomposition& dec, int merge, LinkScratch*
         left -= take;
       }
       const double limit = *exact ? stop : std::min(stop, stop_inexact);
+      if (floor_prefix && done + rest <= limit) {
+        // The groups to come's floors (the most loaded links' bytes in each, see peer_floor_prefix()).
+        const std::vector<double>& fp_sum = *floor_prefix;
+        const double floors = backwards ? fp_sum[groups - g - 1] : fp_sum[groups] - fp_sum[g + 1];
+        rest = std::max(rest, floors * (1.0 - 1e-9));
+      }
       if (done + rest <= limit && all_links && (g + 1) % scan_every == 0) {
         // Else the busiest link's bytes to come.
         double busiest = 0.0;
@@ -1087,6 +1280,63 @@ double Scheduler::merged_bound(const Decomposition& dec, int merge, LinkScratch*
     for (double b : ls->group_bound) total += b;
   if (signature) *signature = sig;
   return total;
+}
+
+// The peer-round decomposition's bytes per round on the links loaded to at least a quarter of
+// the busiest link's time (at most kPeerFloorLinks of them, the most loaded), from the
+// topology's link -> pairs index: O(those links' pairs), no pass over the plan.
+void Scheduler::peer_loads(const std::vector<int64_t>& demand, const Decomposition& dec,
+                           const std::vector<double>& load, double bound_s, PeerLoads* out) const {
+  out->links.clear();
+  out->bytes.clear();
+  std::vector<std::pair<double, int>> hot;
+  for (size_t l = 0; l < load.size(); ++l) {
+    const double busy = load[l] / link_bw_[l];
+    if (busy > 0.0 && busy >= 0.25 * bound_s) hot.push_back({-busy, static_cast<int>(l)});
+  }
+  if (hot.size() > static_cast<size_t>(kPeerFloorLinks)) {
+    std::nth_element(hot.begin(), hot.begin() + kPeerFloorLinks, hot.end());
+    hot.resize(kPeerFloorLinks);
+  }
+  // Round k (destination - source mod n) -> phase index (rounds without demand have none).
+  std::vector<int> phase_of(static_cast<size_t>(n_), -1);
+  for (size_t i = 0; i < dec.pairs.size(); ++i) {
+    const int p = dec.pairs[i].front();
+    const int k = pair_dst_[p] - pair_src_[p];
+    phase_of[k < 0 ? k + n_ : k] = static_cast<int>(i);
+  }
+  const size_t K = hot.size();
+  out->links.resize(K);
+  out->bytes.assign(dec.pairs.size() * K, 0.0);
+  for (size_t c = 0; c < K; ++c) {
+    const int l = hot[c].second;
+    out->links[c] = l;
+    for (int k = lp_off_[l]; k < lp_off_[l + 1]; ++k) {
+      const int p = lp_[k];
+      if (demand[p] <= 0 || pair_src_[p] == pair_dst_[p]) continue;
+      const int r = pair_dst_[p] - pair_src_[p];
+      const int i = phase_of[r < 0 ? r + n_ : r];
+      out->bytes[static_cast<size_t>(i) * K + c] += static_cast<double>(demand[p]);
+    }
+  }
+}
+
+// Prefix sums of per-group floors of the peer rounds fused by `merge`: a group's bound is at least
+// its start latency plus, for each kept link, the group's bytes on it over its bandwidth (the
+// same division as in merged_bound(); byte sums are exact integers).
+void Scheduler::peer_floor_prefix(const PeerLoads& pl, size_t phases, int merge, std::vector<double>* prefix) const {
+  const size_t K = pl.links.size();
+  const size_t groups = (phases + merge - 1) / merge;
+  prefix->assign(groups + 1, 0.0);
+  std::vector<double> sum(K);
+  for (size_t g = 0; g < groups; ++g) {
+    std::fill(sum.begin(), sum.end(), 0.0);
+    for (size_t i = g * merge; i < std::min(phases, (g + 1) * static_cast<size_t>(merge)); ++i)
+      for (size_t c = 0; c < K; ++c) sum[c] += pl.bytes[i * K + c];
+    double worst = 0.0;
+    for (size_t c = 0; c < K; ++c) worst = std::max(worst, sum[c] / link_bw_[pl.links[c]]);
+    (*prefix)[g + 1] = (*prefix)[g] + latency_s_ + worst;
+  }
 }
 
 // Peer rounds as a decomposition: round k pairs s with (s + k) mod n (NCCL's pairwise
@@ -1134,26 +1384,53 @@ Scheduler::Decomposition Scheduler::split_peer_decomposition(const std::vector<i
   dec.unique = true;
   dec.disjoint = true;
   std::vector<int> order;  // placement order: hot pairs, then the others, each in round order
+  std::vector<int> cold;
   order.reserve(demand.size());
-  for (int hot = 1; hot >= 0; --hot)
-    for (int k = 1; k < n_; ++k)
-      for (int s = 0, d = k; s < n_; ++s, d = d + 1 == n_ ? 0 : d + 1) {
-        const int p = s * n_ + d;
-        if (demand[p] > 0 && (weight[p] >= kMinWeight + kHotShare) == (hot == 1)) order.push_back(p);
-      }
+  cold.reserve(demand.size());
+  const double hot_weight = kMinWeight + kHotShare;
+  for (int k = 1; k < n_; ++k)
+    for (int s = 0, d = k; s < n_; ++s, d = d + 1 == n_ ? 0 : d + 1) {
+      const int p = s * n_ + d;
+      if (demand[p] > 0) (weight[p] >= hot_weight ? order : cold).push_back(p);
+    }
+  order.insert(order.end(), cold.begin(), cold.end());
   const size_t links = link_bw_.size();
-  size_t words = 1;
+  // Bit sets of 4 words per link to start with (256 phases): a pair's first fit ORs its links'
+  // four words at once.  (The first free phase at or after `from` does not depend on how many
+  // words are kept: phases past the last word are all free.)
+  constexpr size_t kWords = 4;
+  size_t words = kWords;
   std::vector<uint64_t> used(links * words, 0);  // link-major: used[l * words + w]
   std::vector<double> span;                      // sliced: seconds per phase, 0 while empty
   for (int p : order) {
     int64_t left = demand[p];
     size_t from = 0;  // a pair's next piece goes after its previous one
+    const int* const lb = pl_.data() + pl_off_[p];
+    const int* const le = pl_.data() + pl_off_[p + 1];
     while (left > 0) {
       size_t j = words * 64;
-      for (size_t w = from / 64; w < words && j == words * 64; ++w) {
-        uint64_t taken = w == from / 64 && from % 64 ? (uint64_t{1} << (from % 64)) - 1 : 0;
-        for (int l : links_of(p)) taken |= used[l * words + w];
-        if (~taken != 0) j = w * 64 + static_cast<size_t>(__builtin_ctzll(~taken));
+      if (words == kWords) {
+        uint64_t t[kWords] = {0, 0, 0, 0};
+        for (const int* it = lb; it != le; ++it) {
+          const uint64_t* u = used.data() + static_cast<size_t>(*it) * kWords;
+          t[0] |= u[0];
+          t[1] |= u[1];
+          t[2] |= u[2];
+          t[3] |= u[3];
+        }
+        for (size_t w = from / 64; w < kWords; ++w) {
+          const uint64_t taken = t[w] | (w == from / 64 && from % 64 ? (uint64_t{1} << (from % 64)) - 1 : 0);
+          if (~taken != 0) {
+            j = w * 64 + static_cast<size_t>(__builtin_ctzll(~taken));
+            break;
+          }
+        }
+      } else {
+        for (size_t w = from / 64; w < words && j == words * 64; ++w) {
+          uint64_t taken = w == from / 64 && from % 64 ? (uint64_t{1} << (from % 64)) - 1 : 0;
+          for (const int* it = lb; it != le; ++it) taken |= used[*it * words + w];
+          if (~taken != 0) j = w * 64 + static_cast<size_t>(__builtin_ctzll(~taken));
+        }
       }
       if (j >= words * 64) {  // grow the bit sets
         j = std::max(words * 64, from);
@@ -1164,7 +1441,7 @@ Scheduler::Decomposition Scheduler::split_peer_decomposition(const std::vector<i
         used.swap(wider);
         words = grown;
       }
-      for (int l : links_of(p)) used[l * words + j / 64] |= uint64_t{1} << (j % 64);
+      for (const int* it = lb; it != le; ++it) used[*it * words + j / 64] |= uint64_t{1} << (j % 64);
       while (dec.pairs.size() <= j) {
         dec.pairs.emplace_back();
         dec.bytes.emplace_back();
@@ -1433,6 +1710,8 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
   // sizes, where the fused runs' latencies decide).
   const bool prune = n_ > kMaxSimulatedRanks;
   std::vector<Candidate> fused;
+  PeerLoads peer_bytes;            // the peer rounds' bytes on the busiest links (early-stop floors)
+  std::vector<double> floor_sums;  // their per-group floors, prefix sums
   double best_bound = std::numeric_limits<double>::infinity();
   std::vector<size_t> dec_order(decs.size());
   for (size_t d = 0; d < decs.size(); ++d) {
@@ -1457,7 +1736,13 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
           const double stop = model_.eta_beta > 0.0
                                   ? std::max(best_bound, static_cast<double>(count) * latency_s_ / kFuseLatencyShare) * (1.0 + 1e-9)
                                   : best_bound;
-          b1 = merged_bound(decs[d], 1, &ls, &exact, nullptr, nullptr, &hot, stop);
+          const std::vector<double>* fl = nullptr;
+          if (decs[d].family == kPeerRounds) {
+            peer_loads(demand, decs[d], load, bound_s, &peer_bytes);
+            peer_floor_prefix(peer_bytes, decs[d].pairs.size(), 1, &floor_sums);
+            fl = &floor_sums;
+          }
+          b1 = merged_bound(decs[d], 1, &ls, &exact, nullptr, nullptr, &hot, stop, std::numeric_limits<double>::infinity(), fl);
         }
         if (decs[d].have1) exact = decs[d].exact1;
         const bool reference = decs[d].family == kPeerRounds || decs[d].family == kDirect;
@@ -1547,8 +1832,14 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
       if (decs[f.dec].family == kSplitPeer && decs[f.dec].unique && f.bound * margin(f) >= best_bound) continue;
       bool ex = true;
       // Stopped early once it provably cannot reach best_bound (with its margins once inexact).
+      const std::vector<double>* fl = nullptr;
+      if (decs[f.dec].family == kPeerRounds) {
+        if (peer_bytes.links.empty() && peer_bytes.bytes.empty()) peer_loads(demand, decs[f.dec], load, bound_s, &peer_bytes);
+        peer_floor_prefix(peer_bytes, decs[f.dec].pairs.size(), f.merge, &floor_sums);
+        fl = &floor_sums;
+      }
       double bound = merged_bound(decs[f.dec], f.merge, &ls, &ex, nullptr, nullptr, &hot, best_bound,
-                                  best_bound / margin(f) * (1.0 + 1e-9));
+                                  best_bound / margin(f) * (1.0 + 1e-9), fl);
       ++passes;
       if (!ex) bound *= margin(f);
       cands.push_back({bound, f.dec, f.merge, ex, false});

@@ -124,7 +124,17 @@ class Scheduler {
   double merged_bound(const Decomposition& dec, int merge, LinkScratch* ls, bool* exact, uint64_t* signature,
                       std::vector<double>* group_bounds = nullptr, const HotLink* hot = nullptr,
                       double stop = std::numeric_limits<double>::infinity(),
-                      double stop_inexact = std::numeric_limits<double>::infinity()) const;
+                      double stop_inexact = std::numeric_limits<double>::infinity(),
+                      const std::vector<double>* floor_prefix = nullptr) const;
+  // Per-round bytes of the peer-round decomposition on the most loaded links (see
+  // peer_floor_prefix()), for merged_bound()'s early stop.
+  struct PeerLoads {
+    std::vector<int> links;      // the links kept
+    std::vector<double> bytes;   // phase-major: bytes[phase * links.size() + c]
+  };
+  void peer_loads(const std::vector<int64_t>& demand, const Decomposition& dec, const std::vector<double>& load,
+                  double bound_s, PeerLoads* out) const;
+  void peer_floor_prefix(const PeerLoads& pl, size_t phases, int merge, std::vector<double>* prefix) const;
   void reset_scratch(LinkScratch* ls) const;
   bool worth_fusing(int phases, double unfused_bound) const;
   bool affordable(const Decomposition& dec, int merge) const;
@@ -159,6 +169,7 @@ class Scheduler {
   int candidates_ = kCatalogChannels | kLinkGreedy | kPeerRounds | kDirect;
   std::vector<double> eta_table_;  // eta(k) for small k under model_
   std::vector<double> inv_eta_table_;  // 1 / eta(k)
+  bool eta_floored_ = false;           // eta(k) is eta_min for every k past the table
   std::vector<double> inv_bw_;         // 1 / link bandwidth
 };
 
