@@ -804,6 +804,17 @@ void Scheduler::index_links() {
   std::vector<int> fill(lp_off_.begin(), lp_off_.end() - 1);
   for (size_t p = 0; p < pair_links_.size(); ++p)
     for (int l : pair_links_[p]) lp_[fill[l]++] = static_cast<int>(p);
+  // Per link, the most pairs one peer round puts on it (for peer_upper_simple()).
+  round_flows_.assign(link_bw_.size(), 0);
+  {
+    std::vector<int> cnt(link_bw_.size(), 0);
+    for (int k = 1; k < n_; ++k) {
+      std::fill(cnt.begin(), cnt.end(), 0);
+      for (int s = 0; s < n_; ++s)
+        for (int l : links_of(s * n_ + (s + k) % n_)) cnt[l] += 1;
+      for (size_t l = 0; l < cnt.size(); ++l) round_flows_[l] = std::max(round_flows_[l], cnt[l]);
+    }
+  }
   // Paths padded to 8 links with link index L (one past the last), when none is longer.
   size_t longest = 0;
   for (const auto& path : pair_links_) longest = std::max(longest, path.size());
@@ -1284,11 +1295,10 @@ double Scheduler::merged_bound(const Decomposition& dec, int merge, LinkScratch*
 
 // The peer-round decomposition's bytes per round on the links loaded to at least a quarter of
 // the busiest link's time (at most kPeerFloorLinks of them, the most loaded), from the
-// topology's link -> pairs index: O(those links' pairs), no pass over the plan.
+// topology's link -> pairs index (link-major: each link's rounds are adjacent).
 void Scheduler::peer_loads(const std::vector<int64_t>& demand, const Decomposition& dec,
                            const std::vector<double>& load, double bound_s, PeerLoads* out) const {
   out->links.clear();
-  out->bytes.clear();
   std::vector<std::pair<double, int>> hot;
   for (size_t l = 0; l < load.size(); ++l) {
     const double busy = load[l] / link_bw_[l];
@@ -1298,6 +1308,7 @@ void Scheduler::peer_loads(const std::vector<int64_t>& demand, const Decompositi
     std::nth_element(hot.begin(), hot.begin() + kPeerFloorLinks, hot.end());
     hot.resize(kPeerFloorLinks);
   }
+  for (const auto& h : hot) out->links.push_back(h.second);
   // Round k (destination - source mod n) -> phase index (rounds without demand have none).
   std::vector<int> phase_of(static_cast<size_t>(n_), -1);
   for (size_t i = 0; i < dec.pairs.size(); ++i) {
@@ -1305,38 +1316,56 @@ void Scheduler::peer_loads(const std::vector<int64_t>& demand, const Decompositi
     const int k = pair_dst_[p] - pair_src_[p];
     phase_of[k < 0 ? k + n_ : k] = static_cast<int>(i);
   }
-  const size_t K = hot.size();
-  out->links.resize(K);
-  out->bytes.assign(dec.pairs.size() * K, 0.0);
+  const size_t P = dec.pairs.size(), K = out->links.size();
+  out->phases = P;
+  out->bytes.assign(K * P, 0.0);
   for (size_t c = 0; c < K; ++c) {
-    const int l = hot[c].second;
-    out->links[c] = l;
+    const int l = out->links[c];
+    double* const by = out->bytes.data() + c * P;
     for (int k = lp_off_[l]; k < lp_off_[l + 1]; ++k) {
       const int p = lp_[k];
       if (demand[p] <= 0 || pair_src_[p] == pair_dst_[p]) continue;
       const int r = pair_dst_[p] - pair_src_[p];
-      const int i = phase_of[r < 0 ? r + n_ : r];
-      out->bytes[static_cast<size_t>(i) * K + c] += static_cast<double>(demand[p]);
+      by[phase_of[r < 0 ? r + n_ : r]] += static_cast<double>(demand[p]);
     }
   }
+}
+
+// An upper bound on the unfused peer-round bound: per round, its start latency plus, over the
+// links, flows / (bandwidth x eta(flows)) times the round's largest transfer (a link's
+// smallest-first drain is at most its bytes / (bandwidth x eta(flows)), and a link carries at
+// most round_flows_ pairs of one round), summed over the rounds.
+double Scheduler::peer_upper_simple(const Decomposition& dec) const {
+  double f = 0.0;  // max over links of flows / (bandwidth x eta(flows))
+  for (size_t l = 0; l < round_flows_.size(); ++l)
+    if (round_flows_[l] > 0) f = std::max(f, round_flows_[l] * inv_bw_[l] * inv_eta(round_flows_[l]));
+  double total = 0.0;
+  for (const auto& b : dec.bytes) {
+    int64_t most = 0;
+    for (int64_t x : b) most = std::max(most, x);
+    total += latency_s_ + static_cast<double>(most) * f;
+  }
+  return total;
 }
 
 // Prefix sums of per-group floors of the peer rounds fused by `merge`: a group's bound is at least
 // its start latency plus, for each kept link, the group's bytes on it over its bandwidth (the
 // same division as in merged_bound(); byte sums are exact integers).
 void Scheduler::peer_floor_prefix(const PeerLoads& pl, size_t phases, int merge, std::vector<double>* prefix) const {
-  const size_t K = pl.links.size();
+  const size_t K = pl.links.size(), P = pl.phases;
   const size_t groups = (phases + merge - 1) / merge;
-  prefix->assign(groups + 1, 0.0);
-  std::vector<double> sum(K);
-  for (size_t g = 0; g < groups; ++g) {
-    std::fill(sum.begin(), sum.end(), 0.0);
-    for (size_t i = g * merge; i < std::min(phases, (g + 1) * static_cast<size_t>(merge)); ++i)
-      for (size_t c = 0; c < K; ++c) sum[c] += pl.bytes[i * K + c];
-    double worst = 0.0;
-    for (size_t c = 0; c < K; ++c) worst = std::max(worst, sum[c] / link_bw_[pl.links[c]]);
-    (*prefix)[g + 1] = (*prefix)[g] + latency_s_ + worst;
+  std::vector<double> worst(groups, 0.0);
+  for (size_t c = 0; c < K; ++c) {
+    const double* const by = pl.bytes.data() + c * P;
+    const double bw = link_bw_[pl.links[c]];
+    for (size_t g = 0; g < groups; ++g) {
+      double sum = 0.0;
+      for (size_t i = g * merge; i < std::min(phases, (g + 1) * static_cast<size_t>(merge)); ++i) sum += by[i];
+      worst[g] = std::max(worst[g], sum / bw);
+    }
   }
+  prefix->assign(groups + 1, 0.0);
+  for (size_t g = 0; g < groups; ++g) (*prefix)[g + 1] = (*prefix)[g] + latency_s_ + worst[g];
 }
 
 // Peer rounds as a decomposition: round k pairs s with (s + k) mod n (NCCL's pairwise
@@ -1723,6 +1752,7 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
                           [&](size_t d) { return decs[d].have1 || decs[d].family == kDirect; });
   for (size_t d : dec_order) {
     const int count = static_cast<int>(decs[d].pairs.size());
+    bool fusing_proven = false;  // worth_fusing() shown by peer_upper_simple() (peer rounds)
     if (prune) {
       // Unfused plans now (those whose floor cannot beat the best bound are left out); fused runs
       // below, best first.
@@ -1733,14 +1763,24 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
         if (!decs[d].have1) {
           // Stopped early (+inf) once it can neither win nor make its fused runs worth
           // bounding (worth_fusing() is false past count x latency / kFuseLatencyShare).
-          const double stop = model_.eta_beta > 0.0
-                                  ? std::max(best_bound, static_cast<double>(count) * latency_s_ / kFuseLatencyShare) * (1.0 + 1e-9)
-                                  : best_bound;
+          double stop = model_.eta_beta > 0.0
+                            ? std::max(best_bound, static_cast<double>(count) * latency_s_ / kFuseLatencyShare) * (1.0 + 1e-9)
+                            : best_bound;
           const std::vector<double>* fl = nullptr;
           if (decs[d].family == kPeerRounds) {
             peer_loads(demand, decs[d], load, bound_s, &peer_bytes);
             peer_floor_prefix(peer_bytes, decs[d].pairs.size(), 1, &floor_sums);
             fl = &floor_sums;
+          }
+          if (decs[d].family == kPeerRounds && model_.eta_beta > 0.0 && stop > best_bound * (1.0 + 1e-9)) {
+            // The pass would run on past the best bound only to tell whether the fused runs are
+            // worth bounding.  When an upper bound of the unfused bound already shows they are,
+            // it stops at the best bound (a plan that cannot win is not a candidate;
+            // worth_fusing() holds either way).
+            if (worth_fusing(count, peer_upper_simple(decs[d]) * (1.0 + 1e-6))) {
+              stop = best_bound;
+              fusing_proven = true;
+            }
           }
           b1 = merged_bound(decs[d], 1, &ls, &exact, nullptr, nullptr, &hot, stop, std::numeric_limits<double>::infinity(), fl);
         }
@@ -1751,7 +1791,7 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
           best_bound = std::min(best_bound, b1);
         }
       }
-      if (count == 1 || !worth_fusing(count, b1)) continue;
+      if (count == 1 || (!fusing_proven && !worth_fusing(count, b1))) continue;
       for (int m : {count, kMaxMergeManyRanks, 4, 2}) {
         if (m >= count && (m != count || skip_all)) continue;
         // With copy-engine queues peer rounds in one phase never beat split rounds in one phase
@@ -1834,7 +1874,8 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
       // Stopped early once it provably cannot reach best_bound (with its margins once inexact).
       const std::vector<double>* fl = nullptr;
       if (decs[f.dec].family == kPeerRounds) {
-        if (peer_bytes.links.empty() && peer_bytes.bytes.empty()) peer_loads(demand, decs[f.dec], load, bound_s, &peer_bytes);
+        if (peer_bytes.phases != decs[f.dec].pairs.size() || peer_bytes.links.empty())
+          peer_loads(demand, decs[f.dec], load, bound_s, &peer_bytes);
         peer_floor_prefix(peer_bytes, decs[f.dec].pairs.size(), f.merge, &floor_sums);
         fl = &floor_sums;
       }

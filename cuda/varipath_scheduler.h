@@ -126,14 +126,16 @@ class Scheduler {
                       double stop = std::numeric_limits<double>::infinity(),
                       double stop_inexact = std::numeric_limits<double>::infinity(),
                       const std::vector<double>* floor_prefix = nullptr) const;
-  // Per-round bytes of the peer-round decomposition on the most loaded links (see
-  // peer_floor_prefix()), for merged_bound()'s early stop.
+  // Per-round bytes of the peer-round decomposition on the most loaded links (see peer_loads()),
+  // for merged_bound()'s early stop; peer_upper_simple(): an upper bound of its unfused bound.
   struct PeerLoads {
     std::vector<int> links;      // the links kept
-    std::vector<double> bytes;   // phase-major: bytes[phase * links.size() + c]
+    size_t phases = 0;
+    std::vector<double> bytes;   // link-major: bytes[c * phases + phase]
   };
   void peer_loads(const std::vector<int64_t>& demand, const Decomposition& dec, const std::vector<double>& load,
                   double bound_s, PeerLoads* out) const;
+  double peer_upper_simple(const Decomposition& dec) const;
   void peer_floor_prefix(const PeerLoads& pl, size_t phases, int merge, std::vector<double>* prefix) const;
   void reset_scratch(LinkScratch* ls) const;
   bool worth_fusing(int phases, double unfused_bound) const;
@@ -170,6 +172,7 @@ class Scheduler {
   std::vector<double> eta_table_;  // eta(k) for small k under model_
   std::vector<double> inv_eta_table_;  // 1 / eta(k)
   bool eta_floored_ = false;           // eta(k) is eta_min for every k past the table
+  std::vector<int> round_flows_;       // link -> most pairs of one peer round (s -> s+k mod n) crossing it
   std::vector<double> inv_bw_;         // 1 / link bandwidth
 };
 
