@@ -359,7 +359,7 @@ struct Scheduler::LinkScratch {
   std::vector<double> flow_bytes;
   std::vector<int> slot;           // pair -> index in flow_pair, -1 when absent
   std::vector<int> per_source;     // event model: flows started per source GPU
-  std::vector<std::vector<double>> sizes_on;  // bound: flow sizes on each shared link
+  std::vector<std::vector<double>> sizes_on;  // event model: the hot link's flow sizes (one buffer)
   // Event model, links by local index (position in `touched`): each flow's local links and
   // each local link's flows (built once per phase), running flows per link, and per solve the
   // capacity left, unfrozen flows and fair share of the links that carry running flows.
@@ -382,7 +382,7 @@ struct Scheduler::LinkScratch {
   std::vector<double> on_link;         // bound: each link's flow sizes, kOnLink slots per link
   std::vector<int> flow_rank;          // bound: each flow's slot on each of its links (8 per flow)
   explicit LinkScratch(size_t links, size_t pairs, size_t gpus)
-      : load(links, 0.0), flows(links, 0), slot(pairs, -1), per_source(gpus, 0), sizes_on(links),
+      : load(links, 0.0), flows(links, 0), slot(pairs, -1), per_source(gpus, 0), sizes_on(1),
         link_id(links, 0), src_head(gpus, -1), need(links, 0), bucket_at(links, 0) {}
 };
 
