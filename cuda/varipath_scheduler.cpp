@@ -101,6 +101,12 @@ constexpr int kOnLink = 8;
 constexpr size_t kDenseShare = 4;
 // Peer rounds' early-stop floors: at most this many of the most loaded links (see peer_loads()).
 constexpr int kPeerFloorLinks = 64;
+// The unfused peer-round pass past the best bound only decides worth_fusing(): the per-round
+// upper bound (peer_upper_rounds(), one walk over the transfers) is built to show it when
+// peer_upper_simple() is within kPeerTableReach of the pass's stop, and the rounds' floor reaches
+// kPeerTableFloor of the best bound (then, stopped at the best bound, the pass ends early).
+constexpr double kPeerTableReach = 4.0;
+constexpr double kPeerTableFloor = 0.9;
 
 }  // namespace
 
@@ -374,6 +380,7 @@ struct Scheduler::LinkScratch {
   std::vector<double> lbw;              // bandwidth of each local link
   std::vector<char> need;  // bound: shared links whose flow sizes are gathered
   std::vector<int> needed, bucket_at;  // bound: those links; where each one's next size goes
+  std::vector<double> needed_u;        // bound: each needed link's upper end (load / (bw x eta(flows)))
   std::vector<double> bucket;          // bound: their flow sizes, one segment per link
   std::vector<double> left_load;       // bound, early stop: each link's bytes in the groups to come
   std::vector<double> group_bound;     // bound, early stop: each group's bound (summed in plan order)
@@ -1167,26 +1174,53 @@ double Scheduler::merged_bound(const Decomposition& dec, int merge, LinkScratch*
       // of the threshold take the exact division.)  The sizes go into one buffer, each needed
       // link's segment as long as its flow count.
       std::vector<int>& needed = ls->needed;
+      std::vector<double>& needed_u = ls->needed_u;
       needed.clear();
+      needed_u.clear();
       int total_flows = 0;
       const double over = worst * (1.0 + kScreen), near = worst * (1.0 - kScreen);
+      size_t top = 0;  // the needed link with the largest upper end: drained first
       auto consider = [&](int l, int k) {
         const double u = load[l] * ibw[l] * inv_eta(k);
         if (!(u > over || (u >= near && load[l] / (bw[l] * eta(k)) > worst))) return;
         ls->need[l] = 1;
         ls->bucket_at[l] = total_flows;
         total_flows += k;
+        if (!needed.empty() && u > needed_u[top]) top = needed.size();
         needed.push_back(l);
+        needed_u.push_back(u);
       };
-      if (dense) {
+      if (dense && eta_floored_) {
+        // One test per link: the upper end through the eta table clamped at its last entry (every
+        // larger count is at the floor too, so the value is consider()'s own), then consider().
+        const double* const ie = inv_eta_table_.data();
+        const int last = static_cast<int>(inv_eta_table_.size()) - 1;
+        for (size_t l = 0; l < nlinks; ++l) {
+          const int k = flows[l];
+          const double u = load[l] * ibw[l] * ie[std::min(k, last)];
+          if ((k > 1) & (u >= near)) consider(static_cast<int>(l), k);
+        }
+      } else if (dense) {
         for (size_t l = 0; l < nlinks; ++l)
           if (flows[l] > 1) consider(static_cast<int>(l), flows[l]);
       } else {
         for (int j = 0; j < nt; ++j)
           if (flows[tl[j]] > 1) consider(tl[j], flows[tl[j]]);
       }
+      // A link's drain is at most its upper end (a few ulps: u carries a 1e-6 margin), so once
+      // the largest upper end's link is drained the links whose upper end stays under the
+      // maximum found cannot change it and are skipped (the same maximum).
+      if (!needed.empty()) {
+        std::swap(needed[0], needed[top]);
+        std::swap(needed_u[0], needed_u[top]);
+      }
       if (!needed.empty() && !spilled) {
-        for (int l : needed) {
+        for (size_t j = 0; j < needed.size(); ++j) {
+          const int l = needed[j];
+          if (needed_u[j] * (1.0 + 1e-6) < worst) {
+            ls->need[l] = 0;
+            continue;
+          }
           const int k = flows[l];
           double* sz = onl + l * kOnLink;
           for (int i = 1; i < k; ++i) {  // insertion sort of at most kOnLink sizes
@@ -1218,7 +1252,12 @@ double Scheduler::merged_bound(const Decomposition& dec, int merge, LinkScratch*
             at[l] += nd[l];
           }
         }
-        for (int l : needed) {
+        for (size_t j = 0; j < needed.size(); ++j) {
+          const int l = needed[j];
+          if (needed_u[j] * (1.0 + 1e-6) < worst) {
+            ls->need[l] = 0;
+            continue;
+          }
           const int k = flows[l];
           double* sz = buf + (at[l] - k);
           std::sort(sz, sz + k);
@@ -1344,6 +1383,42 @@ double Scheduler::peer_upper_simple(const Decomposition& dec) const {
     int64_t most = 0;
     for (int64_t x : b) most = std::max(most, x);
     total += latency_s_ + static_cast<double>(most) * f;
+  }
+  return total;
+}
+
+// A tighter upper bound on the unfused peer-round bound than peer_upper_simple(), at the cost of
+// one walk over the rounds' transfers: per round, its start latency plus the most, over the
+// links, of the round's bytes on the link / (bandwidth x eta(round_flows_)) (a link's
+// smallest-first drain is at most its bytes / (bandwidth x eta(its flows)), eta does not grow
+// with the flows, and a round puts at most round_flows_ pairs on a link).  Uses ls->load
+// (zeros on entry and on return).
+double Scheduler::peer_upper_rounds(const Decomposition& dec, LinkScratch* ls) const {
+  const size_t L = link_bw_.size();
+  std::vector<double> w(L);
+  for (size_t l = 0; l < L; ++l) w[l] = round_flows_[l] > 0 ? inv_bw_[l] * inv_eta(round_flows_[l]) : 0.0;
+  const double* const wl = w.data();
+  double* const load = ls->load.data();
+  const int* const pl = pl_.data();
+  const int* const off = pl_off_.data();
+  double total = 0.0;
+  for (size_t i = 0; i < dec.pairs.size(); ++i) {
+    const int* const pi = dec.pairs[i].data();
+    const int64_t* const bi = dec.bytes[i].data();
+    const size_t count = dec.pairs[i].size();
+    for (size_t k = 0; k < count; ++k) {
+      const double b = static_cast<double>(bi[k]);
+      for (int j = off[pi[k]], e = off[pi[k] + 1]; j < e; ++j) load[pl[j]] += b;
+    }
+    double m0 = 0.0, m1 = 0.0;
+    size_t l = 0;
+    for (; l + 2 <= L; l += 2) {
+      m0 = std::max(m0, load[l] * wl[l]);
+      m1 = std::max(m1, load[l + 1] * wl[l + 1]);
+    }
+    for (; l < L; ++l) m0 = std::max(m0, load[l] * wl[l]);
+    std::fill(load, load + L, 0.0);
+    total += latency_s_ + std::max(m0, m1);
   }
   return total;
 }
@@ -1777,7 +1852,16 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
             // worth bounding.  When an upper bound of the unfused bound already shows they are,
             // it stops at the best bound (a plan that cannot win is not a candidate;
             // worth_fusing() holds either way).
-            if (worth_fusing(count, peer_upper_simple(decs[d]) * (1.0 + 1e-6))) {
+            const double simple = peer_upper_simple(decs[d]);
+            if (worth_fusing(count, simple * (1.0 + 1e-6))) {
+              stop = best_bound;
+              fusing_proven = true;
+            } else if (simple <= kPeerTableReach * stop && floor_sums.back() >= kPeerTableFloor * best_bound &&
+                       worth_fusing(count, peer_upper_rounds(decs[d], &ls) * (1.0 + 1e-6))) {
+              // The per-round upper bound costs a walk over the transfers: built only when it
+              // should pay, i.e. the simple bound is within kPeerTableReach of the threshold and
+              // the pass stopped at the best bound would end early (its floor is near the best
+              // bound, so the plan cannot win).
               stop = best_bound;
               fusing_proven = true;
             }

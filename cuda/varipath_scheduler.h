@@ -136,6 +136,7 @@ class Scheduler {
   void peer_loads(const std::vector<int64_t>& demand, const Decomposition& dec, const std::vector<double>& load,
                   double bound_s, PeerLoads* out) const;
   double peer_upper_simple(const Decomposition& dec) const;
+  double peer_upper_rounds(const Decomposition& dec, LinkScratch* ls) const;
   void peer_floor_prefix(const PeerLoads& pl, size_t phases, int merge, std::vector<double>* prefix) const;
   void reset_scratch(LinkScratch* ls) const;
   bool worth_fusing(int phases, double unfused_bound) const;
