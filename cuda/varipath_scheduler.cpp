@@ -381,6 +381,7 @@ struct Scheduler::LinkScratch {
   std::vector<char> need;  // bound: shared links whose flow sizes are gathered
   std::vector<int> needed, bucket_at;  // bound: those links; where each one's next size goes
   std::vector<double> needed_u;        // bound: each needed link's upper end (load / (bw x eta(flows)))
+  std::vector<int> near_top;           // bound: shared links whose upper end is near the busiest plain time
   std::vector<double> bucket;          // bound: their flow sizes, one segment per link
   std::vector<double> left_load;       // bound, early stop: each link's bytes in the groups to come
   std::vector<double> group_bound;     // bound, early stop: each group's bound (summed in plan order)
@@ -1147,7 +1148,24 @@ double Scheduler::merged_bound(const Decomposition& dec, int merge, LinkScratch*
     }
     double worst = 0.0;
     const double cut = wu * (1.0 - kScreen);
-    if (dense) {
+    // Dense groups under contention with eta at its floor past the table: the same scan also
+    // lists the shared links whose upper end reaches cut x (1 - kScreen), a superset of those
+    // the needed-link test below can take (its threshold is worst x (1 - kScreen), worst being
+    // wu within a few ulps), so that test runs over this list instead of every link.
+    const bool list_near = dense && eta_floored_ && model_.eta_beta > 0.0;
+    if (list_near) {
+      const double* const ie = inv_eta_table_.data();
+      const int last = static_cast<int>(inv_eta_table_.size()) - 1;
+      const double lower = cut * (1.0 - kScreen);
+      std::vector<int>& nt_list = ls->near_top;
+      nt_list.clear();
+      for (size_t l = 0; l < nlinks; ++l) {
+        const double m = load[l] * ibw[l];
+        if (m >= cut) worst = std::max(worst, load[l] / bw[l]);
+        const int k = flows[l];
+        if ((k > 1) & (m * ie[std::min(k, last)] >= lower)) nt_list.push_back(static_cast<int>(l));
+      }
+    } else if (dense) {
       for (size_t l = 0; l < nlinks; ++l)
         if (load[l] * ibw[l] >= cut) worst = std::max(worst, load[l] / bw[l]);
     } else {
@@ -1190,15 +1208,16 @@ double Scheduler::merged_bound(const Decomposition& dec, int merge, LinkScratch*
         needed.push_back(l);
         needed_u.push_back(u);
       };
-      if (dense && eta_floored_) {
-        // One test per link: the upper end through the eta table clamped at its last entry (every
-        // larger count is at the floor too, so the value is consider()'s own), then consider().
+      if (list_near) {
+        // The listed links in index order (the dense scan's order): the upper end through the eta
+        // table clamped at its last entry (every larger count is at the floor too, so the value
+        // is consider()'s own), then consider().
         const double* const ie = inv_eta_table_.data();
         const int last = static_cast<int>(inv_eta_table_.size()) - 1;
-        for (size_t l = 0; l < nlinks; ++l) {
+        for (int l : ls->near_top) {
           const int k = flows[l];
           const double u = load[l] * ibw[l] * ie[std::min(k, last)];
-          if ((k > 1) & (u >= near)) consider(static_cast<int>(l), k);
+          if (u >= near) consider(l, k);
         }
       } else if (dense) {
         for (size_t l = 0; l < nlinks; ++l)
