@@ -1233,26 +1233,29 @@ double Scheduler::merged_bound(const Decomposition& dec, int merge, LinkScratch*
         std::swap(needed[0], needed[top]);
         std::swap(needed_u[0], needed_u[top]);
       }
+      // Drains needed link j from its k flow sizes at sz (sorted by `sort`, smallest first: the
+      // i-th from the end is delivered while k - i flows share the link), unless its upper end
+      // cannot raise `worst`.
+      auto drain = [&](size_t j, double* sz, auto sort) {
+        const int l = needed[j];
+        ls->need[l] = 0;
+        if (needed_u[j] * (1.0 + 1e-6) < worst) return;
+        const int k = flows[l];
+        sort(sz, k);
+        double t = 0.0;
+        for (int i = 0; i < k; ++i) t += sz[i] / (bw[l] * eta(k - i));
+        worst = std::max(worst, t);
+      };
       if (!needed.empty() && !spilled) {
-        for (size_t j = 0; j < needed.size(); ++j) {
-          const int l = needed[j];
-          if (needed_u[j] * (1.0 + 1e-6) < worst) {
-            ls->need[l] = 0;
-            continue;
-          }
-          const int k = flows[l];
-          double* sz = onl + l * kOnLink;
-          for (int i = 1; i < k; ++i) {  // insertion sort of at most kOnLink sizes
+        auto insertion_sort = [](double* sz, int k) {  // at most kOnLink sizes
+          for (int i = 1; i < k; ++i) {
             const double x = sz[i];
             int j = i;
             for (; j > 0 && sz[j - 1] > x; --j) sz[j] = sz[j - 1];
             sz[j] = x;
           }
-          double t = 0.0;
-          for (int i = 0; i < k; ++i) t += sz[i] / (bw[l] * eta(k - i));
-          ls->need[l] = 0;
-          worst = std::max(worst, t);
-        }
+        };
+        for (size_t j = 0; j < needed.size(); ++j) drain(j, onl + needed[j] * kOnLink, insertion_sort);
       } else if (!needed.empty()) {
         // Every flow writes its size at each of its links' next slot; the links not needed all
         // point at one spare slot (bucket[0]) and do not advance (no branch per link).
@@ -1271,20 +1274,8 @@ double Scheduler::merged_bound(const Decomposition& dec, int merge, LinkScratch*
             at[l] += nd[l];
           }
         }
-        for (size_t j = 0; j < needed.size(); ++j) {
-          const int l = needed[j];
-          if (needed_u[j] * (1.0 + 1e-6) < worst) {
-            ls->need[l] = 0;
-            continue;
-          }
-          const int k = flows[l];
-          double* sz = buf + (at[l] - k);
-          std::sort(sz, sz + k);
-          double t = 0.0;
-          for (int i = 0; i < k; ++i) t += sz[i] / (bw[l] * eta(k - i));
-          ls->need[l] = 0;
-          worst = std::max(worst, t);
-        }
+        for (size_t j = 0; j < needed.size(); ++j)
+          drain(j, buf + (at[needed[j]] - flows[needed[j]]), [](double* sz, int k) { std::sort(sz, sz + k); });
       }
     }
     if (model_.copy_engines > 0 && !shared) {
