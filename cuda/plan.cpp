@@ -61,7 +61,7 @@ std::string Plan::describe() const {
   return os.str();
 }
 
-static bool useDirectRead(const PlanRequest& req) {
+bool readsPeersDirectly(const PlanRequest& req) {
   if (!req.crossMemory || req.world == 1 || req.kind == OpKind::Barrier) return false;
   // all_reduce reads every byte twice across processes (reduce-scatter, then all-gather). While
   // the group's data fits the cache, direct reads win (one copy per byte); beyond it
@@ -80,7 +80,7 @@ bool allReduceChoosesAfterPublishing(const PlanRequest& req) {
 }
 
 Plan buildPlan(const PlanRequest& req) {
-  if (useDirectRead(req))
+  if (readsPeersDirectly(req))
     return req.kind == OpKind::AllToAll ? planAllToAllDirectRead(req) : planDirectRead(req);
   switch (req.kind) {
     case OpKind::AllReduce:

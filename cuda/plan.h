@@ -90,6 +90,8 @@ struct PlanRequest {
 };
 
 Plan buildPlan(const PlanRequest& req);
+// True when buildPlan(req) picks a direct-read plan (peers' buffers read in place).
+bool readsPeersDirectly(const PlanRequest& req);
 // all_reduce past allReduceDirectReadMaxBytes: the plan depends on whether every rank's tensor
 // is shared, which ranks learn from a first barrier that publishes addresses and regions.
 bool allReduceChoosesAfterPublishing(const PlanRequest& req);

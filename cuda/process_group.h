@@ -211,7 +211,7 @@ class ProcessGroupHOCCL : public c10d::Backend {
   HocclConfig config_;
   std::unique_ptr<ShmGroup> group_;
   std::unique_ptr<Executor> executor_;
-  HugePagePromoter hugePages_{0};
+  HugePagePromoter hugePages_;  // after config_: built from it
   std::unique_ptr<P2PEngine> p2p_;
   std::mutex p2pMutex_;
   uint32_t opSeq_ = 0;  // worker thread only

@@ -318,7 +318,7 @@ def main(argv=None) -> int:
     thp = os.environ.get("THP_MEM_ALLOC_ENABLE", "0") == "1"
     # hoccl's own promotion of reused peer-read buffers onto huge pages (the ranks inherit this).
     promote = os.environ.get("HOCCL_HUGEPAGE_MIN_BYTES", "4M")
-    promote = "off" if promote.strip() in ("0", "0K", "0M") else f"buffers >= {promote}"
+    promote = "off" if parse_size(promote) <= 0 else f"buffers >= {promote}"
     rows = []
     before = memcpy_bandwidth()
     for world in worlds:
