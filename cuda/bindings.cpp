@@ -22,7 +22,9 @@ PYBIND11_MODULE(_C, m) {
            py::call_guard<py::gil_scoped_release>())
       .def("set_alltoall_channels", &hoccl::ProcessGroupHOCCL::setAllToAllChannels, py::arg("channels"),
            py::arg("phase_latency_s"), py::arg("bandwidth_Bps"))
-      .def("last_algorithm", &hoccl::ProcessGroupHOCCL::lastAlgorithm);
+      .def("last_algorithm", &hoccl::ProcessGroupHOCCL::lastAlgorithm)
+      .def("alltoall_plan_counts", &hoccl::ProcessGroupHOCCL::allToAllPlanCounts,
+           "(split matrices planned by VarioPath, served from the plan cache) on this rank");
 
   m.def(
       "describe_plan",

@@ -148,6 +148,8 @@ HocclConfig HocclConfig::fromEnv(int world) {
   // further out.
   c.allReduceDirectReadMaxBytes =
       envBytes("HOCCL_ALLREDUCE_CMA_MAX_BYTES", c.hugePageMinBytes > 0 ? 256 << 20 : 64 << 20);
+  c.alltoallPlanCache = envBytes("HOCCL_ALLTOALL_PLAN_CACHE", 8);
+  if (c.alltoallPlanCache < 0) throw std::invalid_argument("hoccl: HOCCL_ALLTOALL_PLAN_CACHE must be >= 0");
   c.cudaViaHostOnly = envString("HOCCL_CUDA_TRANSPORT", "ce") == "host";
   std::string dbg = envString("HOCCL_DEBUG", "");
   c.debug = dbg == "TRACE" ? 2 : (dbg == "INFO" ? 1 : 0);
@@ -414,11 +416,8 @@ std::vector<TransferPhase> ProcessGroupHOCCL::scheduleAllToAll(const std::vector
   }
 #ifdef HOCCL_HAVE_VARIOPATH
   if (config_.alltoall == AllToAllAlgo::VarioPath && scheduler_) {
-    for (const auto& ph : scheduler_->plan(m)) {
-      TransferPhase p;
-      for (const auto& t : ph) p.push_back({t.src, t.dst, t.bytes});
-      phases.push_back(p);
-    }
+    std::vector<TransferPhase> planned = varipathPhases(m);
+    phases.insert(phases.end(), planned.begin(), planned.end());
     return phases;
   }
 #endif
@@ -428,6 +427,48 @@ std::vector<TransferPhase> ProcessGroupHOCCL::scheduleAllToAll(const std::vector
       if (s != d) all.push_back({s, d, m[s * W + d]});
   phases.push_back(all);
   return phases;
+}
+
+// VarioPath's phases for a split matrix, from the cache of recent matrices when it holds it
+// (moved to the front), else planned and cached (the least recently used entry goes).
+std::vector<TransferPhase> ProcessGroupHOCCL::varipathPhases(const std::vector<int64_t>& m) {
+  std::vector<TransferPhase> phases;
+#ifdef HOCCL_HAVE_VARIOPATH
+  const size_t keep = static_cast<size_t>(config_.alltoallPlanCache);
+  {
+    std::lock_guard<std::mutex> lock(scheduleMutex_);
+    for (auto it = scheduleCache_.begin(); it != scheduleCache_.end(); ++it) {
+      if (it->matrix != m) continue;
+      phases = it->phases;
+      if (it != scheduleCache_.begin()) {
+        CachedSchedule hit = std::move(*it);
+        scheduleCache_.erase(it);
+        scheduleCache_.push_front(std::move(hit));
+      }
+      ++schedulesReused_;
+      return phases;
+    }
+  }
+  for (const auto& ph : scheduler_->plan(m)) {
+    TransferPhase p;
+    for (const auto& t : ph) p.push_back({t.src, t.dst, t.bytes});
+    phases.push_back(std::move(p));
+  }
+  std::lock_guard<std::mutex> lock(scheduleMutex_);
+  ++schedulesPlanned_;
+  if (keep > 0) {
+    scheduleCache_.push_front({m, phases});
+    if (scheduleCache_.size() > keep) scheduleCache_.pop_back();
+  }
+#else
+  (void)m;
+#endif
+  return phases;
+}
+
+std::pair<uint64_t, uint64_t> ProcessGroupHOCCL::allToAllPlanCounts() const {
+  std::lock_guard<std::mutex> lock(scheduleMutex_);
+  return {schedulesPlanned_, schedulesReused_};
 }
 
 std::shared_ptr<const Plan> ProcessGroupHOCCL::planFor(const PlanRequest& req) {

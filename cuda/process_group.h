@@ -72,6 +72,7 @@ struct HocclConfig {
   int64_t inlineMaxBytes = 64 << 10;  // run smaller collectives on the caller's thread when idle
   int64_t streamingCopyMinBytes = 1 << 20;  // copies into outputs from this size bypass the cache
   int64_t hugePageMinBytes = 4 << 20;  // reused peer-read buffers from this size go on huge pages (0: off)
+  int64_t alltoallPlanCache = 8;       // VarioPath plans kept for repeated split matrices (0: off)
   bool cudaViaHostOnly = false;  // HOCCL_CUDA_TRANSPORT=host
   int debug = 0;  // 0 off, 1 INFO, 2 TRACE
   AllToAllAlgo alltoall = AllToAllAlgo::Direct;
@@ -99,6 +100,8 @@ class ProcessGroupHOCCL : public c10d::Backend {
   void setAllToAllChannels(std::vector<std::vector<std::pair<int, int>>> channels,
                            double phaseLatency, double bandwidth);
   std::string lastAlgorithm() const;
+  // all_to_all split matrices planned by VarioPath so far, and those served from the plan cache.
+  std::pair<uint64_t, uint64_t> allToAllPlanCounts() const;
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
@@ -161,6 +164,8 @@ class ProcessGroupHOCCL : public c10d::Backend {
   void validateDescriptors(const Collective& c, uint32_t parity) const;
   void validateSplits(const Collective& c, uint32_t parity) const;
   std::vector<TransferPhase> scheduleAllToAll(const std::vector<int64_t>& matrix);
+  std::vector<TransferPhase> varipathPhases(const std::vector<int64_t>& matrix);
+
   std::shared_ptr<const Plan> planFor(const PlanRequest& req);
   // After a barrier with this parity: does every rank's input block 0 lie in a shared tensor?
   bool everyRankShared(uint32_t parity, int64_t bytes) const;
@@ -233,6 +238,17 @@ class ProcessGroupHOCCL : public c10d::Backend {
   // shared): what a plan depends on.
   std::map<std::tuple<int, int, int64_t, int64_t, bool, bool, bool>, std::shared_ptr<const Plan>> planCache_;
   bool hasChannels_ = false;  // VarioPath channels were set (names the algorithm "varipath")
+  // VarioPath plans of the most recent split matrices, most recent first, keyed by the whole
+  // matrix: equal-split all_to_all and MoE layers with a fixed capacity send the same matrix
+  // every step, and the plan is a pure function of it (every rank gets the same phases whether
+  // or not its cache holds them).
+  struct CachedSchedule {
+    std::vector<int64_t> matrix;
+    std::vector<TransferPhase> phases;
+  };
+  mutable std::mutex scheduleMutex_;
+  std::deque<CachedSchedule> scheduleCache_;
+  uint64_t schedulesPlanned_ = 0, schedulesReused_ = 0;
   std::shared_ptr<const varipath::Scheduler> scheduler_;  // set when there is > 1 channel
   mutable std::mutex lastAlgoMutex_;
   std::string lastAlgo_;
