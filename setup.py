@@ -57,7 +57,7 @@ if os.path.exists(os.path.join("cuda", "varipath_bindings.cpp")):
     ext_modules.append(
         CppExtension(
             "varipath._scheduler",
-            ["cuda/varipath_scheduler.cpp", "cuda/varipath_bindings.cpp"],
+            ["cuda/varipath_scheduler.cpp", "cuda/varipath_timeshare.cpp", "cuda/varipath_bindings.cpp"],
             include_dirs=[os.path.join(HERE, "cuda")],
             extra_compile_args=CXX_FLAGS,
         )

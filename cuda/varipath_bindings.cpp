@@ -75,12 +75,13 @@ PYBIND11_MODULE(_scheduler, m) {
           py::arg("eta_beta") = 0.0, py::arg("eta_min") = 1.0, py::arg("copy_engines") = 0)
       .def(
           "set_candidates",
-          [](Scheduler& s, bool channels, bool link_greedy, bool peer_rounds, bool direct) {
+          [](Scheduler& s, bool channels, bool link_greedy, bool peer_rounds, bool direct, bool time_share) {
             s.set_candidates((channels ? Scheduler::kCatalogChannels : 0) | (link_greedy ? Scheduler::kLinkGreedy : 0) |
-                             (peer_rounds ? Scheduler::kPeerRounds : 0) | (direct ? Scheduler::kDirect : 0));
+                             (peer_rounds ? Scheduler::kPeerRounds : 0) | (direct ? Scheduler::kDirect : 0) |
+                             (time_share ? Scheduler::kTimeShare : 0));
           },
           py::arg("channels") = true, py::arg("link_greedy") = true, py::arg("peer_rounds") = true,
-          py::arg("direct") = true,
+          py::arg("direct") = true, py::arg("time_share") = true,
           "Candidate families plan() chooses from (tests and experiments).")
       .def(
           "plan", [](const Scheduler& s, const std::vector<int64_t>& d) { return to_python(s.plan(d)); },
@@ -101,6 +102,7 @@ PYBIND11_MODULE(_scheduler, m) {
                                 : info.family == Scheduler::kLinkGreedy ? "link_greedy"
                                 : info.family == Scheduler::kDirect     ? "direct"
                                 : info.family == Scheduler::kSplitPeer  ? "peer_split"
+                                : info.family == Scheduler::kTimeShare  ? "time_share"
                                                                         : "channels";
             return py::make_tuple(phases, meta);
           },

@@ -82,6 +82,11 @@ constexpr double kFusedMargin = 0.025;
 constexpr int kMaxMergeManyRanks = 8;
 // See decompositions().
 constexpr int kCatalogMaxRanks = 16;
+// Time-sharing plans are built only when one start latency per transfer stays under this share
+// of the plan's lower bound (256 MB per rank and up on direct4): their phases (up to one per
+// pair) pay start latencies that the LP does not see, and building and costing one takes
+// 0.2-0.4 ms of planning on the CI VM, which the 3-9 % shorter plans repay only on long exchanges.
+constexpr double kTimeShareLatencyShare = 0.01;
 // An exact plan within this fraction of the cost model's lower bound ends the search.
 constexpr double kGoodEnough = 0.015;
 // A simulated plan within kGoodEnough of the plan floor ends the search only while that margin
@@ -164,6 +169,7 @@ void Scheduler::set_link_model(std::vector<double> link_bw, std::vector<std::vec
   link_bw_ = std::move(link_bw);
   pair_links_ = std::move(pair_links);
   index_links();
+  build_time_share();
 }
 
 void Scheduler::set_cost_model(const CostModel& model) {
@@ -179,13 +185,33 @@ void Scheduler::set_cost_model(const CostModel& model) {
   // too (a link shared by more flows than the table covers then costs no log2 call).
   const double last = static_cast<double>(eta_table_.size() - 1);
   eta_floored_ = model_.eta_beta > 0.0 && 1.0 - model_.eta_beta * std::log2(last) <= model_.eta_min;
+  build_time_share();
+}
+
+// The configuration table of time-sharing plans: only under eta (without it one phase with the
+// whole demand is already optimal, and copy-engine queues make rates depend on the order) and
+// for at most TimeShareTable::kMaxPairs pairs (4 GPUs: 4095 configurations).
+void Scheduler::build_time_share() {
+  timeshare_.reset();
+  const int pairs = n_ * (n_ - 1);
+  if (model_.eta_beta <= 0.0 || model_.copy_engines > 0 || pairs < 2 || pairs > TimeShareTable::kMaxPairs) return;
+  std::vector<int> ids;
+  std::vector<std::vector<int>> links;
+  for (int p = 0; p < n_ * n_; ++p) {
+    if (pair_src_[p] == pair_dst_[p]) continue;
+    ids.push_back(p);
+    links.push_back(pair_links_[p]);
+  }
+  std::vector<double> eta(static_cast<size_t>(pairs) + 1, 1.0);
+  for (size_t k = 2; k < eta.size(); ++k) eta[k] = this->eta(static_cast<int>(k));
+  timeshare_ = std::make_shared<const TimeShareTable>(std::move(ids), links, link_bw_, eta);
 }
 
 void Scheduler::set_candidates(int mask) {
-  if (mask <= 0 || mask > (kCatalogChannels | kLinkGreedy | kPeerRounds | kDirect))
+  if (mask <= 0 || mask > (kCatalogChannels | kLinkGreedy | kPeerRounds | kDirect | kTimeShare))
     throw std::invalid_argument("varipath::Scheduler::set_candidates: mask must name at least one of "
-                                "1 (catalog channels), 2 (link greedy), 4 (peer rounds), 8 (direct), got " +
-                                std::to_string(mask));
+                                "1 (catalog channels), 2 (link greedy), 4 (peer rounds), 8 (direct), "
+                                "32 (time sharing), got " + std::to_string(mask));
   candidates_ = mask;
 }
 
@@ -1648,6 +1674,63 @@ void Scheduler::other_decompositions(const std::vector<int64_t>& demand, const s
   if ((candidates_ & kDirect) && (!queued_blind || candidates_ == kDirect)) out->push_back(direct_decomposition(demand));
 }
 
+// The time-sharing plan: one phase per configuration of the LP solution (longest first), each
+// pair's bytes split over its phases in proportion to time x rate and scaled to its demand (the
+// LP covers it, possibly with some to spare), rounding remainders in the pair's largest piece.
+Scheduler::Decomposition Scheduler::time_share_decomposition(const std::vector<int64_t>& demand) const {
+  Decomposition dec;
+  dec.family = kTimeShare;
+  const std::vector<int>& ids = timeshare_->pairs();
+  std::vector<double> want(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) want[i] = static_cast<double>(demand[ids[i]]);
+  const auto used = timeshare_->solve(want);
+  std::vector<double> covered(ids.size(), 0.0);
+  for (const auto& [mask, secs] : used)
+    for (size_t i = 0; i < ids.size(); ++i) covered[i] += secs * timeshare_->rate(mask, static_cast<int>(i));
+  std::vector<int64_t> left(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) left[i] = demand[ids[i]];
+  std::vector<int> largest(ids.size(), -1);  // phase of each pair's largest piece
+  std::vector<int64_t> largest_bytes(ids.size(), 0);
+  for (const auto& [mask, secs] : used) {
+    std::vector<int> pairs;
+    std::vector<int64_t> bytes;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (!((mask >> i) & 1u) || covered[i] <= 0.0) continue;
+      const double share = secs * timeshare_->rate(mask, static_cast<int>(i)) / covered[i];
+      const int64_t b = std::min(left[i], static_cast<int64_t>(std::floor(share * static_cast<double>(demand[ids[i]]))));
+      if (b <= 0) continue;
+      left[i] -= b;
+      if (b > largest_bytes[i]) {
+        largest_bytes[i] = b;
+        largest[i] = static_cast<int>(dec.pairs.size());
+      }
+      pairs.push_back(ids[i]);
+      bytes.push_back(b);
+    }
+    if (pairs.empty()) continue;
+    dec.pairs.push_back(std::move(pairs));
+    dec.bytes.push_back(std::move(bytes));
+  }
+  std::vector<int> rest;
+  std::vector<int64_t> rest_bytes;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (left[i] <= 0) continue;
+    if (largest[i] < 0) {  // not in the LP's solution (cannot happen for a demanded pair): alone
+      rest.push_back(ids[i]);
+      rest_bytes.push_back(left[i]);
+      continue;
+    }
+    auto& ph = dec.pairs[largest[i]];
+    const size_t at = static_cast<size_t>(std::find(ph.begin(), ph.end(), ids[i]) - ph.begin());
+    dec.bytes[largest[i]][at] += left[i];
+  }
+  if (!rest.empty()) {
+    dec.pairs.push_back(std::move(rest));
+    dec.bytes.push_back(std::move(rest_bytes));
+  }
+  return dec;
+}
+
 // A lower bound on the cost-model cost of any plan, from the most loaded link l (m pairs cross
 // it, the largest with b bytes): with P phases using l, each pays the start latency, and in each
 // phase the t-th largest transfer on l is delivered while at least t share it, at bandwidth *
@@ -1792,6 +1875,9 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
   }
   const bool catalog_may_pay = best_exact > (1.0 + kCatalogGain) * floor_s && model_.eta_beta <= 0.0;
   other_decompositions(demand, weight, top, catalog_may_pay, &decs);
+  if (timeshare_ && (candidates_ & kTimeShare) &&
+      static_cast<double>(active_pairs) * latency_s_ <= kTimeShareLatencyShare * bound_s)
+    decs.push_back(time_share_decomposition(demand));
   // Every (decomposition, merge factor 1, 2, 4, ..., all) is a candidate.  Their lower bounds
   // are cheap; the event model is run only for candidates whose bound can still beat the best
   // cost found, in increasing bound order (branch and bound, deterministic order).
@@ -1936,7 +2022,8 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
         }
         best_bound = std::min(best_bound, bound);
       }
-      if (m >= count || !worth_fusing(count, bound)) break;
+      // Fusing a time-sharing plan's phases would change the configurations it was solved for.
+      if (m >= count || !worth_fusing(count, bound) || decs[d].family == kTimeShare) break;
       // With copy-engine queues (no eta) on one host (<= 16 ranks) fused runs of a few phases
       // never won in the benchmark: the choice is between the unfused plan and one phase in that
       // order.  (With several hosts they do win.)

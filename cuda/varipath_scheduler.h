@@ -8,8 +8,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <utility>
 #include <vector>
+
+#include "varipath_timeshare.h"
 
 namespace hoccl {
 namespace varipath {
@@ -59,6 +62,10 @@ class Scheduler {
   // Reported family of split peer rounds (link-disjoint peer-round phases), which stand in for
   // link-greedy past 32 ranks when its work budget is exceeded; not a set_candidates() bit.
   static constexpr int kSplitPeer = 16;
+  // Time-sharing plans (varipath_timeshare.h): the LP-optimal split of the demand over every set
+  // of concurrent transfers, on groups of at most 4 GPUs under the contention model, at
+  // bandwidth-bound sizes.
+  static constexpr int kTimeShare = 32;
   void set_candidates(int mask);
 
   // demand: n*n row-major bytes (diagonal ignored, must be >= 0). Deterministic; covers demand
@@ -110,6 +117,8 @@ class Scheduler {
                             bool with_catalog, std::vector<Decomposition>* out) const;
   Decomposition peer_decomposition(const std::vector<int64_t>& demand) const;
   Decomposition direct_decomposition(const std::vector<int64_t>& demand) const;
+  Decomposition time_share_decomposition(const std::vector<int64_t>& demand) const;
+  void build_time_share();
   Decomposition split_peer_decomposition(const std::vector<int64_t>& demand, const std::vector<double>& weight,
                                          bool sliced) const;
   // The most loaded link, for plan_floor(), floor_at() and merged_bound()'s early stop.
@@ -169,7 +178,8 @@ class Scheduler {
   std::vector<int> pair_path8_;                // pair id -> its links padded to 8 (link count as pad), when <= 8
   std::vector<uint64_t> pair_mask_;            // pair id -> bit set of its links (when there are <= 64)
   CostModel model_;
-  int candidates_ = kCatalogChannels | kLinkGreedy | kPeerRounds | kDirect;
+  int candidates_ = kCatalogChannels | kLinkGreedy | kPeerRounds | kDirect | kTimeShare;
+  std::shared_ptr<const TimeShareTable> timeshare_;  // built for n <= 4 under eta (build_time_share())
   std::vector<double> eta_table_;  // eta(k) for small k under model_
   std::vector<double> inv_eta_table_;  // 1 / eta(k)
   bool eta_floored_ = false;           // eta(k) is eta_min for every k past the table

@@ -66,7 +66,8 @@ def _fresh_scheduler(topo, model, **families):
     s.set_cost_model(*{"contention": (ETA_BETA, ETA_MIN, 0), "dma": (0.0, 1.0, COPY_ENGINES),
                        "fluid": (0.0, 1.0, 0)}[model])
     if families:
-        s.set_candidates(**{k: families.get(k, False) for k in ("channels", "link_greedy", "peer_rounds", "direct")})
+        s.set_candidates(**{k: families.get(k, False)
+                            for k in ("channels", "link_greedy", "peer_rounds", "direct", "time_share")})
     return s
 
 
@@ -168,6 +169,68 @@ def test_dma_plan_within_good_enough_of_every_family(name):
             assert got <= 1.03 * best, (traffic, size, got, best)
 
 
+def _time_share_optimum(topo, demand, model="contention"):
+    """Reference for the time-sharing LP, independent of the C++ code: every set of concurrent
+    transfers at the rates the Python simulator gives it (max-min sharing with eta), and the
+    minimum total time that covers the demand (scipy's HiGHS).  A lower bound on the data time of
+    any plan under the model."""
+    import itertools
+
+    from scipy.optimize import linprog
+
+    from varipath.simulate import _eta_vec, _incidence, _maxmin
+
+    inc = _incidence(topo)
+    n = topo.num_gpus
+    pairs = [(s, d) for s in range(n) for d in range(n) if s != d and demand[s, d] > 0]
+    paths = [inc.path(s, d) for s, d in pairs]
+    columns = []
+    for k in range(1, len(pairs) + 1):
+        for members in itertools.combinations(range(len(pairs)), k):
+            fidx = np.concatenate([np.full(len(paths[i]), j) for j, i in enumerate(members)])
+            lidx = np.concatenate([paths[i] for i in members])
+            cap = inc.bw * (_eta_vec(np.bincount(lidx, minlength=len(inc.bw))) if model == "contention" else 1.0)
+            col = np.zeros(len(pairs))
+            col[list(members)] = _maxmin(fidx, lidx, len(members), cap)
+            columns.append(col)
+    a = np.array(columns).T
+    want = np.array([demand[s, d] for s, d in pairs], dtype=float)
+    res = linprog(np.ones(a.shape[1]), A_ub=-a, b_ub=-want, bounds=(0, None), method="highs")
+    assert res.status == 0
+    return res.fun
+
+
+@pytest.mark.parametrize("traffic", ["zipf1.2", "hot4-80", "moe-top2"])
+def test_time_share_plans_reach_the_lp_optimum_on_four_gpus(traffic):
+    """direct4 under contention at a bandwidth-bound size: the plan is the time-sharing one, the
+    Python simulator times it at least at the LP optimum computed independently (a lower bound
+    on every plan) and at most 2 % plus its phases' start latencies above it, within 1.15x of
+    the link lower bound, and at least 2 % faster than the best plan without time sharing."""
+    topo = Topology.preset("direct4")
+    full = _fresh_scheduler(topo, "contention")
+    without = _fresh_scheduler(topo, "contention", channels=True, link_greedy=True, peer_rounds=True, direct=True)
+    dem = make(traffic, 4, 256 * MB)
+    plan, info = full.plan_info(dem.ravel().tolist())
+    assert info["candidate"] == "time_share", info
+    _check_cover(plan, dem)
+    t = varipath.simulate(topo, plan, "contention")
+    optimum = _time_share_optimum(topo, dem)
+    latencies = sum(topo.phase_latency_s + max(topo.path_latency(s, d) for s, d, _ in ph) for ph in plan)
+    assert optimum * (1 - 1e-6) <= t <= optimum * 1.02 + latencies, (t, optimum, latencies)
+    assert t <= 1.15 * varipath.lower_bound(topo, dem)
+    assert t <= 0.98 * varipath.simulate(topo, without.plan(dem.ravel().tolist()), "contention")
+
+
+def test_time_share_plans_only_where_they_pay():
+    """Not built where their start latencies matter (16 MB on direct4), on more than 4 GPUs
+    (2^pairs configurations), or without eta (fluid, copy-engine queues)."""
+    for name, model, size in (("direct4", "contention", 16 * MB), ("gen5-2sw", "contention", 256 * MB),
+                              ("direct4", "fluid", 256 * MB), ("direct4", "dma", 256 * MB)):
+        topo = Topology.preset(name)
+        _, info = _fresh_scheduler(topo, model).plan_info(make("zipf1.2", topo.num_gpus, size).ravel().tolist())
+        assert info["candidate"] != "time_share", (name, model, size, info)
+
+
 def test_fluid_model_prefers_one_phase_and_is_deterministic():
     topo = Topology.preset("gen4-4sw-2skt")
     dem = make("zipf1.2", 8, 16 * MB)
@@ -216,7 +279,7 @@ def test_bad_input():
     with pytest.raises(ValueError):
         mod.Scheduler(3, [[(0, 1)]], 1e-6, 0.0)
     with pytest.raises(ValueError, match="at least one"):
-        s.set_candidates(channels=False, link_greedy=False, peer_rounds=False, direct=False)
+        s.set_candidates(channels=False, link_greedy=False, peer_rounds=False, direct=False, time_share=False)
 
 
 def test_backend_config(tmp_path):

@@ -13,7 +13,7 @@ from types import ModuleType
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-SOURCES = [os.path.join(ROOT, "cuda", "varipath_scheduler.cpp"), os.path.join(ROOT, "cuda", "varipath_bindings.cpp")]
+SOURCES = [os.path.join(ROOT, "cuda", f) for f in ("varipath_scheduler.cpp", "varipath_timeshare.cpp", "varipath_bindings.cpp")]
 FLAGS = ["-O3", "-std=c++17", "-fvisibility=hidden", "-Wno-unused-parameter"]
 
 
