@@ -53,6 +53,16 @@ def reference_reduce(tensors: list[torch.Tensor], op: str, world: int) -> torch.
     return acc.to(dtype)
 
 
+def all_to_all_reference(inputs: list[torch.Tensor], splits: torch.Tensor, rank: int) -> torch.Tensor:
+    """What all_to_all_single delivers to `rank`: from every source s, in rank order, the rows of
+    s's input at s's offset for `rank` (splits[s, d]: rows s sends to d)."""
+    parts = []
+    for s, tensor in enumerate(inputs):
+        off = int(splits[s, :rank].sum())
+        parts.append(tensor[off:off + int(splits[s, rank])])
+    return torch.cat(parts)
+
+
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
     assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
     assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"

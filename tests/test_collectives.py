@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from collective_checks import (ALL_DTYPES, FLOAT_DTYPES, SIZES, assert_close, make_input, ops_for,
-                               redop, reference_reduce)
+from collective_checks import (ALL_DTYPES, FLOAT_DTYPES, SIZES, all_to_all_reference, assert_close, make_input,
+                               ops_for, redop, reference_reduce)
 from dist_utils import run_ranks
 
 SMALL_SLOTS = {"HOCCL_SHM_SLOT_BYTES": "65536", "HOCCL_SHM_RING_BYTES": "16384"}
@@ -129,11 +129,7 @@ def check_all_to_all(rank, world, algo):
             out = torch.empty(int(m[:, rank].sum()), 2, dtype=dtype)
             dist.all_to_all_single(out, inputs[rank], output_split_sizes=m[:, rank].tolist(),
                                    input_split_sizes=m[rank].tolist())
-            parts = []
-            for s in range(world):
-                off = int(m[s, :rank].sum())
-                parts.append(inputs[s][off:off + int(m[s, rank])])
-            assert_close(out, torch.cat(parts), f"all_to_all_single {skew} {dtype} algo={algo}")
+            assert_close(out, all_to_all_reference(inputs, m, rank), f"all_to_all_single {skew} {dtype} algo={algo}")
             backend = dist.group.WORLD._get_backend(torch.device("cpu"))
             assert backend.last_algorithm() == f"alltoall/{algo}", backend.last_algorithm()
         # list version, sizes differ per peer
