@@ -63,6 +63,8 @@ PYBIND11_MODULE(_scheduler, m) {
       .def(py::init<int, std::vector<std::vector<std::pair<int, int>>>, double, double>(), py::arg("n"),
            py::arg("channels"), py::arg("phase_latency_s"), py::arg("bandwidth_Bps"))
       .def("set_link_model", &Scheduler::set_link_model, py::arg("link_bw"), py::arg("pair_links"))
+      .def("set_hosts", &Scheduler::set_hosts, py::arg("host_of_gpu"),
+           "The host of every GPU; enables host rounds on several hosts.")
       .def(
           "set_cost_model",
           [](Scheduler& s, double eta_beta, double eta_min, int copy_engines) {
@@ -75,13 +77,14 @@ PYBIND11_MODULE(_scheduler, m) {
           py::arg("eta_beta") = 0.0, py::arg("eta_min") = 1.0, py::arg("copy_engines") = 0)
       .def(
           "set_candidates",
-          [](Scheduler& s, bool channels, bool link_greedy, bool peer_rounds, bool direct, bool time_share) {
+          [](Scheduler& s, bool channels, bool link_greedy, bool peer_rounds, bool direct, bool time_share,
+             bool host_rounds) {
             s.set_candidates((channels ? Scheduler::kCatalogChannels : 0) | (link_greedy ? Scheduler::kLinkGreedy : 0) |
                              (peer_rounds ? Scheduler::kPeerRounds : 0) | (direct ? Scheduler::kDirect : 0) |
-                             (time_share ? Scheduler::kTimeShare : 0));
+                             (time_share ? Scheduler::kTimeShare : 0) | (host_rounds ? Scheduler::kHostRounds : 0));
           },
           py::arg("channels") = true, py::arg("link_greedy") = true, py::arg("peer_rounds") = true,
-          py::arg("direct") = true, py::arg("time_share") = true,
+          py::arg("direct") = true, py::arg("time_share") = true, py::arg("host_rounds") = true,
           "Candidate families plan() chooses from (tests and experiments).")
       .def(
           "plan", [](const Scheduler& s, const std::vector<int64_t>& d) { return to_python(s.plan(d)); },
@@ -103,6 +106,7 @@ PYBIND11_MODULE(_scheduler, m) {
                                 : info.family == Scheduler::kDirect     ? "direct"
                                 : info.family == Scheduler::kSplitPeer  ? "peer_split"
                                 : info.family == Scheduler::kTimeShare  ? "time_share"
+                                : info.family == Scheduler::kHostRounds ? "host_rounds"
                                                                         : "channels";
             return py::make_tuple(phases, meta);
           },

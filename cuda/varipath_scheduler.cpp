@@ -207,11 +207,29 @@ void Scheduler::build_time_share() {
   timeshare_ = std::make_shared<const TimeShareTable>(std::move(ids), links, link_bw_, eta);
 }
 
+void Scheduler::set_hosts(std::vector<int> host_of_gpu) {
+  if (host_of_gpu.size() != static_cast<size_t>(n_))
+    throw std::invalid_argument("varipath::Scheduler::set_hosts: need one host per GPU (" + std::to_string(n_) +
+                                "), got " + std::to_string(host_of_gpu.size()));
+  int hosts = 0;
+  for (int h : host_of_gpu) {
+    if (h < 0 || h >= n_) throw std::invalid_argument("varipath::Scheduler::set_hosts: host index out of range");
+    hosts = std::max(hosts, h + 1);
+  }
+  host_size_.assign(hosts, 0);
+  local_index_.assign(n_, 0);
+  for (int g = 0; g < n_; ++g) local_index_[g] = host_size_[host_of_gpu[g]]++;
+  for (int h = 0; h < hosts; ++h)
+    if (host_size_[h] == 0) throw std::invalid_argument("varipath::Scheduler::set_hosts: host " + std::to_string(h) + " has no GPU");
+  host_of_ = std::move(host_of_gpu);
+  hosts_ = hosts;
+}
+
 void Scheduler::set_candidates(int mask) {
-  if (mask <= 0 || mask > (kCatalogChannels | kLinkGreedy | kPeerRounds | kDirect | kTimeShare))
+  if (mask <= 0 || mask > (kCatalogChannels | kLinkGreedy | kPeerRounds | kDirect | kTimeShare | kHostRounds))
     throw std::invalid_argument("varipath::Scheduler::set_candidates: mask must name at least one of "
                                 "1 (catalog channels), 2 (link greedy), 4 (peer rounds), 8 (direct), "
-                                "32 (time sharing), got " + std::to_string(mask));
+                                "32 (time sharing), 64 (host rounds), got " + std::to_string(mask));
   candidates_ = mask;
 }
 
@@ -1731,6 +1749,56 @@ Scheduler::Decomposition Scheduler::time_share_decomposition(const std::vector<i
   return dec;
 }
 
+// Host rounds: one phase; source s queues its transfers to the other hosts first by host offset
+// (host(s) + 1, + 2, ...), within a host by local-index offset (so the sources of one host start
+// on different GPUs of the target host), with its same-host transfers (by local-index offset)
+// spread evenly among them (Bresenham: one after every R / L remote ones).  With copy-engine
+// queues this keeps every source on one remote and one local transfer most of the time, and the
+// hosts' NIC pairs evenly loaded.
+Scheduler::Decomposition Scheduler::host_rounds_decomposition(const std::vector<int64_t>& demand) const {
+  Decomposition dec;
+  dec.family = kHostRounds;
+  dec.unique = true;
+  std::vector<int> phase;
+  std::vector<int64_t> bytes;
+  std::vector<std::pair<int64_t, int>> remote, local;  // (sort key, destination)
+  for (int s = 0; s < n_; ++s) {
+    remote.clear();
+    local.clear();
+    const int hs = host_of_[s];
+    for (int d = 0; d < n_; ++d) {
+      if (d == s || demand[static_cast<size_t>(s) * n_ + d] <= 0) continue;
+      const int hd = host_of_[d];
+      const int64_t within = (local_index_[d] - local_index_[s] + 2 * host_size_[hd]) % host_size_[hd];
+      if (hd == hs)
+        local.emplace_back(within, d);
+      else
+        remote.emplace_back(static_cast<int64_t>((hd - hs + hosts_) % hosts_) * n_ + within, d);
+    }
+    std::sort(remote.begin(), remote.end());
+    std::sort(local.begin(), local.end());
+    const int64_t r = static_cast<int64_t>(remote.size()), l = static_cast<int64_t>(local.size());
+    int64_t acc = 0;
+    size_t next_local = 0;
+    auto emit = [&](int d) {
+      phase.push_back(s * n_ + d);
+      bytes.push_back(demand[static_cast<size_t>(s) * n_ + d]);
+    };
+    for (const auto& rd : remote) {
+      emit(rd.second);
+      acc += l;
+      while (acc >= r && next_local < local.size()) {
+        emit(local[next_local++].second);
+        acc -= r;
+      }
+    }
+    for (; next_local < local.size(); ++next_local) emit(local[next_local].second);
+  }
+  dec.pairs.push_back(std::move(phase));
+  dec.bytes.push_back(std::move(bytes));
+  return dec;
+}
+
 // A lower bound on the cost-model cost of any plan, from the most loaded link l (m pairs cross
 // it, the largest with b bytes): with P phases using l, each pays the start latency, and in each
 // phase the t-th largest transfer on l is delivered while at least t share it, at bandwidth *
@@ -1875,6 +1943,11 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
   }
   const bool catalog_may_pay = best_exact > (1.0 + kCatalogGain) * floor_s && model_.eta_beta <= 0.0;
   other_decompositions(demand, weight, top, catalog_may_pay, &decs);
+  // Host rounds are one phase whose worth lies in its queue order, which only the event model
+  // sees: offered on several hosts under copy-engine queues up to kMaxSimulatedRanks ranks, and
+  // always simulated (like the baselines' own plans).
+  if ((candidates_ & kHostRounds) && hosts_ > 1 && model_.copy_engines > 0 && n_ <= kMaxSimulatedRanks)
+    decs.push_back(host_rounds_decomposition(demand));
   if (timeshare_ && (candidates_ & kTimeShare) &&
       static_cast<double>(active_pairs) * latency_s_ <= kTimeShareLatencyShare * bound_s)
     decs.push_back(time_share_decomposition(demand));
@@ -2001,7 +2074,8 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
         exact = decs[d].exact1;
         sig = decs[d].sig1;
       }
-      const bool reference = m == 1 && (decs[d].family == kPeerRounds || decs[d].family == kDirect);
+      const bool reference =
+          m == 1 && (decs[d].family == kPeerRounds || decs[d].family == kDirect || decs[d].family == kHostRounds);
       const size_t twin = signed_ ? static_cast<size_t>(std::find(seen.begin(), seen.end(), sig) - seen.begin())
                                   : seen.size();
       if (twin < seen.size()) {

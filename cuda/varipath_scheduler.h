@@ -66,7 +66,13 @@ class Scheduler {
   // of concurrent transfers, on groups of at most 4 GPUs under the contention model, at
   // bandwidth-bound sizes.
   static constexpr int kTimeShare = 32;
+  // Host rounds (several hosts, copy-engine queues): one phase in which every source queues its
+  // transfers to the other hosts in host-rotation order, spread within each host by local index,
+  // with its same-host transfers interleaved evenly (see host_rounds_decomposition()).
+  static constexpr int kHostRounds = 64;
   void set_candidates(int mask);
+  // Optional: the host of every GPU (0-based, n entries).  Enables host rounds.
+  void set_hosts(std::vector<int> host_of_gpu);
 
   // demand: n*n row-major bytes (diagonal ignored, must be >= 0). Deterministic; covers demand
   // exactly: for each (s,d), sum of bytes over all phases == demand[s*n+d]. No 0-byte Transfer.
@@ -118,6 +124,7 @@ class Scheduler {
   Decomposition peer_decomposition(const std::vector<int64_t>& demand) const;
   Decomposition direct_decomposition(const std::vector<int64_t>& demand) const;
   Decomposition time_share_decomposition(const std::vector<int64_t>& demand) const;
+  Decomposition host_rounds_decomposition(const std::vector<int64_t>& demand) const;
   void build_time_share();
   Decomposition split_peer_decomposition(const std::vector<int64_t>& demand, const std::vector<double>& weight,
                                          bool sliced) const;
@@ -178,7 +185,9 @@ class Scheduler {
   std::vector<int> pair_path8_;                // pair id -> its links padded to 8 (link count as pad), when <= 8
   std::vector<uint64_t> pair_mask_;            // pair id -> bit set of its links (when there are <= 64)
   CostModel model_;
-  int candidates_ = kCatalogChannels | kLinkGreedy | kPeerRounds | kDirect | kTimeShare;
+  int candidates_ = kCatalogChannels | kLinkGreedy | kPeerRounds | kDirect | kTimeShare | kHostRounds;
+  std::vector<int> host_of_, host_size_, local_index_;  // set_hosts(): host, its GPU count, index in it
+  int hosts_ = 1;
   std::shared_ptr<const TimeShareTable> timeshare_;  // built for n <= 4 under eta (build_time_share())
   std::vector<double> eta_table_;  // eta(k) for small k under model_
   std::vector<double> inv_eta_table_;  // 1 / eta(k)

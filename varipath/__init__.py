@@ -64,6 +64,25 @@ def _link_model(topo: Topology) -> Tuple[List[float], List[List[int]]]:
     return inc.bw.tolist(), paths
 
 
+def configure_scheduler(sched, topo: Topology, model: str) -> None:
+    """Installs ``topo``'s links, hosts and the cost model of ``model`` on a C++ ``Scheduler``."""
+    sched.set_link_model(*_link_model(topo))
+    if topo.num_hosts > 1:
+        from .catalog import gpu_hosts
+
+        host_of = [0] * topo.num_gpus
+        for h, gpus in gpu_hosts(topo).items():
+            for g in gpus:
+                host_of[g] = h
+        sched.set_hosts(host_of)
+    if model == "contention":
+        sched.set_cost_model(ETA_BETA, ETA_MIN, 0)
+    elif model == "dma":
+        sched.set_cost_model(0.0, 1.0, COPY_ENGINES)
+    else:
+        sched.set_cost_model(0.0, 1.0, 0)
+
+
 def scheduler_for(topo: Topology, model: str = "contention"):
     """The (cached) C++ scheduler for ``topo`` with the link model and cost model installed."""
     if model not in MODELS:
@@ -76,11 +95,7 @@ def scheduler_for(topo: Topology, model: str = "contention"):
 
         mod = load_scheduler()
         sched = mod.Scheduler(topo.num_gpus, working_set(topo), topo.phase_start_s(), topo.pair_bandwidth())
-        sched.set_link_model(*_link_model(topo))
-        if model == "contention":
-            sched.set_cost_model(ETA_BETA, ETA_MIN, 0)
-        elif model == "dma":
-            sched.set_cost_model(0.0, 1.0, COPY_ENGINES)
+        configure_scheduler(sched, topo, model)
         cache[model] = sched
     return sched
 
