@@ -1733,7 +1733,7 @@ Scheduler::Decomposition Scheduler::time_share_decomposition(const std::vector<i
   std::vector<int64_t> rest_bytes;
   for (size_t i = 0; i < ids.size(); ++i) {
     if (left[i] <= 0) continue;
-    if (largest[i] < 0) {  // not in the LP's solution (cannot happen for a demanded pair): alone
+    if (largest[i] < 0) {  // every piece rounded down to 0 bytes (a tiny demand): in a last phase
       rest.push_back(ids[i]);
       rest_bytes.push_back(left[i]);
       continue;
@@ -1949,8 +1949,10 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
   if ((candidates_ & kHostRounds) && hosts_ > 1 && model_.copy_engines > 0 && n_ <= kMaxSimulatedRanks)
     decs.push_back(host_rounds_decomposition(demand));
   if (timeshare_ && (candidates_ & kTimeShare) &&
-      static_cast<double>(active_pairs) * latency_s_ <= kTimeShareLatencyShare * bound_s)
-    decs.push_back(time_share_decomposition(demand));
+      static_cast<double>(active_pairs) * latency_s_ <= kTimeShareLatencyShare * bound_s) {
+    Decomposition shared = time_share_decomposition(demand);
+    if (!shared.pairs.empty()) decs.push_back(std::move(shared));
+  }
   // Every (decomposition, merge factor 1, 2, 4, ..., all) is a candidate.  Their lower bounds
   // are cheap; the event model is run only for candidates whose bound can still beat the best
   // cost found, in increasing bound order (branch and bound, deterministic order).
