@@ -87,6 +87,17 @@ constexpr int kCatalogMaxRanks = 16;
 // pair) pay start latencies that the LP does not see, and building and costing one takes
 // 0.2-0.4 ms of planning on the CI VM, which the 3-9 % shorter plans repay only on long exchanges.
 constexpr double kTimeShareLatencyShare = 0.01;
+// Past 4 GPUs, up to kTimeShareSearchRanks, time-sharing plans come from column generation,
+// built when one start latency per pair is at most kTimeShareSearchLatencyShare of the plan's
+// lower bound (256 MB per rank and up on the 8-GPU presets, exchanges of 17 ms and more).  Its
+// pricing rounds are budgeted by the stakes: about kTimeSharePlanShare of that lower bound at
+// kTimeShareRoundCostS per round (a round's planning time on 8 GPUs measured on the CI VM; a
+// count, never a clock, so every rank decides alike), at most kTimeShareRounds.
+constexpr int kTimeShareSearchRanks = 8;
+constexpr int kTimeShareRounds = 96;
+constexpr double kTimeShareSearchLatencyShare = 0.03;
+constexpr double kTimeSharePlanShare = 0.03;
+constexpr double kTimeShareRoundCostS = 120e-6;
 // An exact plan within this fraction of the cost model's lower bound ends the search.
 constexpr double kGoodEnough = 0.015;
 // A simulated plan within kGoodEnough of the plan floor ends the search only while that margin
@@ -1692,29 +1703,28 @@ void Scheduler::other_decompositions(const std::vector<int64_t>& demand, const s
   if ((candidates_ & kDirect) && (!queued_blind || candidates_ == kDirect)) out->push_back(direct_decomposition(demand));
 }
 
-// The time-sharing plan: one phase per configuration of the LP solution (longest first), each
-// pair's bytes split over its phases in proportion to time x rate and scaled to its demand (the
-// LP covers it, possibly with some to spare), rounding remainders in the pair's largest piece.
-Scheduler::Decomposition Scheduler::time_share_decomposition(const std::vector<int64_t>& demand) const {
+// A time-sharing plan: one phase per configuration used (longest first), each pair's bytes
+// split over its phases in proportion to time x rate and scaled to its demand (the LP covers it,
+// possibly with some to spare), rounding remainders in the pair's largest piece.  ids: the pair
+// id of each member index.
+Scheduler::Decomposition Scheduler::time_share_plan(const std::vector<int>& ids, const std::vector<int64_t>& demand,
+                                                    const std::vector<TimeShareColumn>& used) const {
   Decomposition dec;
   dec.family = kTimeShare;
-  const std::vector<int>& ids = timeshare_->pairs();
-  std::vector<double> want(ids.size());
-  for (size_t i = 0; i < ids.size(); ++i) want[i] = static_cast<double>(demand[ids[i]]);
-  const auto used = timeshare_->solve(want);
   std::vector<double> covered(ids.size(), 0.0);
-  for (const auto& [mask, secs] : used)
-    for (size_t i = 0; i < ids.size(); ++i) covered[i] += secs * timeshare_->rate(mask, static_cast<int>(i));
+  for (const auto& c : used)
+    for (size_t j = 0; j < c.members.size(); ++j) covered[c.members[j]] += c.seconds * c.rates[j];
   std::vector<int64_t> left(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) left[i] = demand[ids[i]];
   std::vector<int> largest(ids.size(), -1);  // phase of each pair's largest piece
   std::vector<int64_t> largest_bytes(ids.size(), 0);
-  for (const auto& [mask, secs] : used) {
+  for (const auto& c : used) {
     std::vector<int> pairs;
     std::vector<int64_t> bytes;
-    for (size_t i = 0; i < ids.size(); ++i) {
-      if (!((mask >> i) & 1u) || covered[i] <= 0.0) continue;
-      const double share = secs * timeshare_->rate(mask, static_cast<int>(i)) / covered[i];
+    for (size_t j = 0; j < c.members.size(); ++j) {
+      const int i = c.members[j];
+      if (covered[i] <= 0.0) continue;
+      const double share = c.seconds * c.rates[j] / covered[i];
       const int64_t b = std::min(left[i], static_cast<int64_t>(std::floor(share * static_cast<double>(demand[ids[i]]))));
       if (b <= 0) continue;
       left[i] -= b;
@@ -1747,6 +1757,52 @@ Scheduler::Decomposition Scheduler::time_share_decomposition(const std::vector<i
     dec.bytes.push_back(std::move(rest_bytes));
   }
   return dec;
+}
+
+// Up to 4 GPUs: the exact optimum over the tabled configurations.
+Scheduler::Decomposition Scheduler::time_share_decomposition(const std::vector<int64_t>& demand) const {
+  const std::vector<int>& ids = timeshare_->pairs();
+  std::vector<double> want(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) want[i] = static_cast<double>(demand[ids[i]]);
+  std::vector<TimeShareColumn> used;
+  for (const auto& [mask, secs] : timeshare_->solve(want)) {
+    TimeShareColumn c;
+    for (size_t i = 0; i < ids.size(); ++i)
+      if ((mask >> i) & 1u) {
+        c.members.push_back(static_cast<int>(i));
+        c.rates.push_back(timeshare_->rate(mask, static_cast<int>(i)));
+      }
+    c.seconds = secs;
+    used.push_back(std::move(c));
+  }
+  return time_share_plan(ids, demand, used);
+}
+
+// Past 4 GPUs: column generation (time_share_search()) over the demanded pairs, started from
+// the phases of `start` (the first link-greedy decomposition).
+Scheduler::Decomposition Scheduler::time_share_search_decomposition(const std::vector<int64_t>& demand,
+                                                                    const Decomposition& start, int rounds) const {
+  std::vector<int> ids, index_of(demand.size(), -1);
+  std::vector<std::vector<int>> links;
+  std::vector<double> want;
+  for (size_t p = 0; p < demand.size(); ++p) {
+    if (pair_src_[p] == pair_dst_[p] || demand[p] <= 0) continue;
+    index_of[p] = static_cast<int>(ids.size());
+    ids.push_back(static_cast<int>(p));
+    links.push_back(pair_links_[p]);
+    want.push_back(static_cast<double>(demand[p]));
+  }
+  std::vector<std::vector<int>> phases;
+  for (const auto& ph : start.pairs) {
+    std::vector<int> set;
+    for (int p : ph) set.push_back(index_of[p]);
+    std::sort(set.begin(), set.end());
+    set.erase(std::unique(set.begin(), set.end()), set.end());
+    phases.push_back(std::move(set));
+  }
+  std::vector<double> eta(ids.size() + 2, 1.0);
+  for (size_t k = 2; k < eta.size(); ++k) eta[k] = this->eta(static_cast<int>(k));
+  return time_share_plan(ids, demand, time_share_search(links, link_bw_, eta, want, phases, rounds));
 }
 
 // Host rounds: one phase; source s queues its transfers to the other hosts first by host offset
@@ -1951,6 +2007,12 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
   if (timeshare_ && (candidates_ & kTimeShare) &&
       static_cast<double>(active_pairs) * latency_s_ <= kTimeShareLatencyShare * bound_s) {
     Decomposition shared = time_share_decomposition(demand);
+    if (!shared.pairs.empty()) decs.push_back(std::move(shared));
+  } else if (!timeshare_ && (candidates_ & kTimeShare) && n_ <= kTimeShareSearchRanks && model_.eta_beta > 0.0 &&
+             model_.copy_engines == 0 && !decs.empty() && decs.front().family == kLinkGreedy &&
+             static_cast<double>(active_pairs) * latency_s_ <= kTimeShareSearchLatencyShare * bound_s) {
+    const int rounds = static_cast<int>(std::min<double>(kTimeShareRounds, kTimeSharePlanShare * bound_s / kTimeShareRoundCostS));
+    Decomposition shared = time_share_search_decomposition(demand, decs.front(), rounds);
     if (!shared.pairs.empty()) decs.push_back(std::move(shared));
   }
   // Every (decomposition, merge factor 1, 2, 4, ..., all) is a candidate.  Their lower bounds

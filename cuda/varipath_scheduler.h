@@ -124,6 +124,10 @@ class Scheduler {
   Decomposition peer_decomposition(const std::vector<int64_t>& demand) const;
   Decomposition direct_decomposition(const std::vector<int64_t>& demand) const;
   Decomposition time_share_decomposition(const std::vector<int64_t>& demand) const;
+  Decomposition time_share_search_decomposition(const std::vector<int64_t>& demand, const Decomposition& start,
+                                                int rounds) const;
+  Decomposition time_share_plan(const std::vector<int>& ids, const std::vector<int64_t>& demand,
+                                const std::vector<TimeShareColumn>& used) const;
   Decomposition host_rounds_decomposition(const std::vector<int64_t>& demand) const;
   void build_time_share();
   Decomposition split_peer_decomposition(const std::vector<int64_t>& demand, const std::vector<double>& weight,

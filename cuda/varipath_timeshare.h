@@ -57,5 +57,21 @@ class TimeShareTable {
   std::vector<uint32_t> free_join_;
 };
 
+// Column generation for groups too large to table every configuration (8 GPUs: 2^56).  The
+// LP starts from every transfer alone plus `start` (configurations given as lists of indices
+// into `links`, e.g. a plan's phases) and adds, for at most `rounds` rounds, the configuration a
+// greedy pricing step finds (grow a set by the transfer that raises its dual value most, rates
+// from max-min sharing with eta), while one improves the LP.  links, demand: per transfer (every
+// demand > 0).  Returns the configurations used: members, their rates (bytes/s), and seconds.
+struct TimeShareColumn {
+  std::vector<int> members;
+  std::vector<double> rates;
+  double seconds = 0.0;
+};
+std::vector<TimeShareColumn> time_share_search(const std::vector<std::vector<int>>& links,
+                                               const std::vector<double>& link_bw, const std::vector<double>& eta,
+                                               const std::vector<double>& demand,
+                                               const std::vector<std::vector<int>>& start, int rounds);
+
 }  // namespace varipath
 }  // namespace hoccl
