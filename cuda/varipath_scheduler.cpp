@@ -213,9 +213,14 @@ void Scheduler::build_time_share() {
     ids.push_back(p);
     links.push_back(pair_links_[p]);
   }
-  std::vector<double> eta(static_cast<size_t>(pairs) + 1, 1.0);
-  for (size_t k = 2; k < eta.size(); ++k) eta[k] = this->eta(static_cast<int>(k));
-  timeshare_ = std::make_shared<const TimeShareTable>(std::move(ids), links, link_bw_, eta);
+  timeshare_ = std::make_shared<const TimeShareTable>(std::move(ids), links, link_bw_, eta_upto(pairs));
+}
+
+// eta(0..flows) as a table (time sharing: a link carries at most every transfer at once).
+std::vector<double> Scheduler::eta_upto(int flows) const {
+  std::vector<double> table(static_cast<size_t>(flows) + 1, 1.0);
+  for (size_t k = 2; k < table.size(); ++k) table[k] = eta(static_cast<int>(k));
+  return table;
 }
 
 void Scheduler::set_hosts(std::vector<int> host_of_gpu) {
@@ -1800,9 +1805,8 @@ Scheduler::Decomposition Scheduler::time_share_search_decomposition(const std::v
     set.erase(std::unique(set.begin(), set.end()), set.end());
     phases.push_back(std::move(set));
   }
-  std::vector<double> eta(ids.size() + 2, 1.0);
-  for (size_t k = 2; k < eta.size(); ++k) eta[k] = this->eta(static_cast<int>(k));
-  return time_share_plan(ids, demand, time_share_search(links, link_bw_, eta, want, phases, rounds));
+  return time_share_plan(ids, demand,
+                         time_share_search(links, link_bw_, eta_upto(static_cast<int>(ids.size())), want, phases, rounds));
 }
 
 // Host rounds: one phase; source s queues its transfers to the other hosts first by host offset

@@ -96,6 +96,7 @@ class Scheduler {
   double drain_cost(LinkScratch* ls, double limit) const;
   double event_time(LinkScratch* ls, double limit) const;
   double eta(int k) const;
+  std::vector<double> eta_upto(int flows) const;
   double inv_eta(int k) const;
   double merged_cost(const std::vector<std::vector<int>>& chans, const std::vector<std::vector<int64_t>>& bytes,
                      int merge, LinkScratch* ls, double limit, const std::vector<double>* group_bounds = nullptr) const;

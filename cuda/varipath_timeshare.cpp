@@ -11,55 +11,10 @@ namespace varipath {
 
 namespace {
 
-// Max-min-fair rates of the members of one configuration by progressive filling: the link with
-// the smallest fair share of its capacity (bandwidth x eta(flows on it)) fixes the rate of its
-// unfrozen flows, which then come off their other links; first link in index order on ties.
-void max_min_rates(uint32_t mask, int pairs, const std::vector<std::vector<int>>& links,
-                   const std::vector<double>& link_bw, const std::vector<double>& eta, double* rate) {
-  const size_t nl = link_bw.size();
-  std::vector<int> count(nl, 0), unfrozen(nl, 0);
-  std::vector<double> cap(nl, 0.0);
-  int open = 0;
-  for (int i = 0; i < pairs; ++i) {
-    rate[i] = (mask >> i) & 1u ? -1.0 : 0.0;
-    if (!((mask >> i) & 1u)) continue;
-    ++open;
-    for (int l : links[i]) count[l] += 1;
-  }
-  for (size_t l = 0; l < nl; ++l) {
-    if (count[l] == 0) continue;
-    const size_t k = std::min(static_cast<size_t>(count[l]), eta.size() - 1);
-    cap[l] = link_bw[l] * (count[l] > 1 ? eta[k] : 1.0);
-    unfrozen[l] = count[l];
-  }
-  while (open > 0) {
-    int neck = -1;
-    double low = 0.0;
-    for (size_t l = 0; l < nl; ++l) {
-      if (unfrozen[l] == 0) continue;
-      const double share = cap[l] / unfrozen[l];
-      if (neck < 0 || share < low) {
-        neck = static_cast<int>(l);
-        low = share;
-      }
-    }
-    const double level = std::max(low, 0.0);
-    for (int i = 0; i < pairs; ++i) {
-      if (rate[i] >= 0.0) continue;
-      if (std::find(links[i].begin(), links[i].end(), neck) == links[i].end()) continue;
-      rate[i] = level;
-      --open;
-      for (int l : links[i]) {
-        cap[l] -= level;
-        unfrozen[l] -= 1;
-      }
-    }
-  }
-}
-
-
-// Max-min rates of an arbitrary set of transfers (as max_min_rates(), by member list), with
-// scratch tables sized to the links and reset only where touched.
+// Max-min-fair rates of a set of transfers by progressive filling: the link with the smallest
+// fair share of its capacity (bandwidth x eta(flows on it)) fixes the rate of its unfrozen
+// flows, which then come off their other links; first link touched on ties.  Scratch tables are
+// sized to the links and reset only where touched.
 class SetRates {
  public:
   SetRates(const std::vector<std::vector<int>>& links, const std::vector<double>& link_bw, const std::vector<double>& eta)
@@ -230,10 +185,15 @@ TimeShareTable::TimeShareTable(std::vector<int> pairs, const std::vector<std::ve
   }
   const uint32_t configs = 1u << p;
   rates_.assign(static_cast<size_t>(configs) * p, 0.0);
-  std::vector<double> r(p);
+  SetRates setrates(links, link_bw, eta);
+  std::vector<int> members;
+  std::vector<double> r;
   for (uint32_t mask = 1; mask < configs; ++mask) {
-    max_min_rates(mask, p, links, link_bw, eta, r.data());
-    for (int i = 0; i < p; ++i) rates_[(static_cast<size_t>(i) << p) + mask] = r[i];
+    members.clear();
+    for (int i = 0; i < p; ++i)
+      if ((mask >> i) & 1u) members.push_back(i);
+    setrates.rates(members, &r);
+    for (size_t j = 0; j < members.size(); ++j) rates_[(static_cast<size_t>(members[j]) << p) + mask] = r[j];
   }
   free_join_.assign(configs, 0);
   for (uint32_t mask = 1; mask < configs; ++mask)
