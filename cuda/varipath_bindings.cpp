@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "varipath_scheduler.h"
+#include "varipath_timeshare.h"
 
 namespace py = pybind11;
 using hoccl::varipath::CostModel;
@@ -59,6 +60,19 @@ double plan_time_us(const Scheduler& s, const std::vector<int64_t>& demand, int 
 PYBIND11_MODULE(_scheduler, m) {
   m.doc() = "VarioPath online alltoallv scheduler (C++)";
   py::register_exception<std::invalid_argument>(m, "SchedulerValueError", PyExc_ValueError);
+  m.def(
+      "time_share_search",
+      [](const std::vector<double>& link_bw, const std::vector<std::vector<int>>& links, const std::vector<double>& eta,
+         const std::vector<double>& demand, const std::vector<std::vector<int>>& start, int rounds) {
+        std::vector<std::tuple<std::vector<int>, std::vector<double>, double>> out;
+        for (auto& c : hoccl::varipath::time_share_search(links, link_bw, eta, demand, start, rounds))
+          out.emplace_back(std::move(c.members), std::move(c.rates), c.seconds);
+        return out;
+      },
+      py::arg("link_bw"), py::arg("links"), py::arg("eta"), py::arg("demand"), py::arg("start") = std::vector<std::vector<int>>{},
+      py::arg("rounds") = 0,
+      "Column generation for the time-sharing LP (tests and tools): (members, rates, seconds) of the "
+      "configurations used, for transfers with the given link paths and demands.");
   py::class_<Scheduler>(m, "Scheduler")
       .def(py::init<int, std::vector<std::vector<std::pair<int, int>>>, double, double>(), py::arg("n"),
            py::arg("channels"), py::arg("phase_latency_s"), py::arg("bandwidth_Bps"))

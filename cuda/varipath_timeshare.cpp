@@ -69,76 +69,70 @@ class SetRates {
 };
 
 // The covering LP  min sum x_j  s.t.  sum_j a_rj x_j - s_r = 1,  x, s >= 0  (a_rj = rate /
-// demand, x_j in seconds) by a revised simplex with a dense B^-1 (rows: the demanded pairs).
+// demand, x_j in seconds) by a revised simplex with a dense B^-1 (rows: the demanded pairs) and
+// sparse columns (a configuration holds a few of the pairs).
 // The starting basis is feasible: the first `rows` columns, every row's transfer alone
 // (x = demand / rate).  Entering column: the most negative reduced cost (Dantzig), or after a
 // degenerate pivot the first negative one (Bland, which cannot cycle), columns in the order
-// added and then the slacks; leaving row: the smallest ratio, first basis position on ties.
-// Columns may be added between optimize() calls; the basis is kept (warm start).
+// added and then the slacks; leaving row: the smallest ratio among safe pivots, the largest
+// pivot among ties, then the first basis position.  The duals are updated with each pivot
+// (recomputed at every optimize() call).  Columns may be added between optimize() calls; the
+// basis is kept (warm start).
 class CoverLp {
  public:
-  explicit CoverLp(int rows) : m_(rows), basis_(rows), binv_(static_cast<size_t>(rows) * rows, 0.0), xb_(rows) {}
+  explicit CoverLp(int rows) : m_(rows), basis_(rows), binv_(static_cast<size_t>(rows) * rows, 0.0), xb_(rows), y_(rows) {}
 
-  // Column j = add(); the first `rows` columns must be the rows' own singletons (the basis).
-  int add(std::vector<double> column) {
-    cols_.push_back(std::move(column));
-    const int j = static_cast<int>(cols_.size()) - 1;
+  // Column j = add(rows, values): its entries a_rj > 0 (rows ascending).  The first `rows`
+  // columns must be the rows' own singletons, in row order (the starting basis).
+  int add(const std::vector<int>& rows, const std::vector<double>& values) {
+    const int j = columns();
+    if (j < m_ && (rows.size() != 1 || rows[0] != j || !(values[0] > 0.0)))
+      throw std::logic_error("varipath::CoverLp: the first columns must be the rows' singletons");
+    rows_.insert(rows_.end(), rows.begin(), rows.end());
+    values_.insert(values_.end(), values.begin(), values.end());
+    begin_.push_back(static_cast<int>(rows_.size()));
+    if (m_ <= kDenseRows) {
+      dense_.resize(dense_.size() + m_, 0.0);
+      double* col = dense_.data() + static_cast<size_t>(j) * m_;
+      for (size_t i = 0; i < rows.size(); ++i) col[rows[i]] = values[i];
+    }
     if (j < m_) {
       basis_[j] = j;
-      binv_[static_cast<size_t>(j) * m_ + j] = 1.0 / cols_[j][j];
+      binv_[static_cast<size_t>(j) * m_ + j] = 1.0 / values[0];
       xb_[j] = binv_[static_cast<size_t>(j) * m_ + j];
     }
     return j;
   }
 
-  std::vector<double> duals() const {
-    std::vector<double> y(m_, 0.0);
-    for (int k = 0; k < m_; ++k)
-      if (basis_[k] >= 0)
-        for (int r = 0; r < m_; ++r) y[r] += binv_[static_cast<size_t>(k) * m_ + r];
-    return y;
-  }
+  // y = c_B B^-1 as of the last optimize() (every row's price, seconds per unit of coverage).
+  const std::vector<double>& duals() const { return y_; }
 
   void optimize(int max_pivots) {
+    recompute_duals();
     bool bland = false;
-    std::vector<double> d(m_), col(m_);
+    std::vector<double> d(m_);
     for (int pivot = 0; pivot < max_pivots; ++pivot) {
-      const std::vector<double> y = duals();
       int enter = kNone;
-      double best = -1e-9;
-      for (size_t j = 0; j < cols_.size() && !(bland && enter != kNone); ++j) {
-        double dot = 0.0;
-        for (int r = 0; r < m_; ++r) dot += y[r] * cols_[j][r];
-        if (1.0 - dot < best) {
-          best = 1.0 - dot;
+      double best = -1e-9;  // the entering column's reduced cost
+      for (int j = 0; j < columns() && !(bland && enter != kNone); ++j) {
+        const double reduced = 1.0 - dot(y_, j);
+        if (reduced < best) {
+          best = reduced;
           enter = static_cast<int>(j);
         }
       }
       for (int r = 0; r < m_ && !(bland && enter != kNone); ++r)
-        if (y[r] < best) {
-          best = y[r];
+        if (y_[r] < best) {  // row r's slack: column -e_r, cost 0
+          best = y_[r];
           enter = -(r + 1);
         }
       if (enter == kNone) return;
-      for (int r = 0; r < m_; ++r) col[r] = enter >= 0 ? cols_[enter][r] : (r == -enter - 1 ? -1.0 : 0.0);
-      for (int k = 0; k < m_; ++k) {
-        double sum = 0.0;
-        for (int r = 0; r < m_; ++r) sum += binv_[static_cast<size_t>(k) * m_ + r] * col[r];
-        d[k] = sum;
-      }
-      int leave = -1;
+      entering_direction(enter, &d);
       double theta = 0.0;
-      for (int k = 0; k < m_; ++k) {
-        if (d[k] <= 1e-12) continue;
-        const double t = xb_[k] / d[k];
-        if (leave < 0 || t < theta) {
-          leave = k;
-          theta = t;
-        }
-      }
+      const int leave = ratio_test(d, &theta);
       if (leave < 0) return;
       bland = theta <= 0.0;
-      for (int k = 0; k < m_; ++k) xb_[k] -= theta * d[k];
+      for (int k = 0; k < m_; ++k) xb_[k] = std::max(xb_[k] - theta * d[k], 0.0);
       xb_[leave] = theta;
       double* lr = binv_.data() + static_cast<size_t>(leave) * m_;
       const double piv = d[leave];
@@ -148,6 +142,8 @@ class CoverLp {
         double* kr = binv_.data() + static_cast<size_t>(k) * m_;
         for (int r = 0; r < m_; ++r) kr[r] -= d[k] * lr[r];
       }
+      // y' = y + (reduced cost) x (row `leave` of the new B^-1).
+      for (int r = 0; r < m_; ++r) y_[r] += best * lr[r];
       basis_[leave] = enter;
     }
   }
@@ -162,10 +158,77 @@ class CoverLp {
 
  private:
   static constexpr int kNone = std::numeric_limits<int>::min();
+  // Pivot entries at most this (relative to the entering column's largest) are not taken: a
+  // tiny pivot makes B^-1 numerically singular (seen at 1e-12 on 8 GPUs, which broke the cover).
+  static constexpr double kPivotTolerance = 1e-9;
+  // Ratios within this relative distance of the smallest are ties, broken by the larger pivot.
+  static constexpr double kRatioTie = 1e-9;
+  static constexpr int kDenseRows = 16;
+
+  int columns() const { return static_cast<int>(begin_.size()) - 1; }
+
+  double dot(const std::vector<double>& y, int j) const {
+    double sum = 0.0;
+    if (m_ <= kDenseRows) {
+      const double* col = dense_.data() + static_cast<size_t>(j) * m_;
+      for (int r = 0; r < m_; ++r) sum += y[r] * col[r];
+      return sum;
+    }
+    for (int i = begin_[j]; i < begin_[j + 1]; ++i) sum += y[rows_[i]] * values_[i];
+    return sum;
+  }
+
+  void recompute_duals() {
+    std::fill(y_.begin(), y_.end(), 0.0);
+    for (int k = 0; k < m_; ++k)
+      if (basis_[k] >= 0)
+        for (int r = 0; r < m_; ++r) y_[r] += binv_[static_cast<size_t>(k) * m_ + r];
+  }
+
+  // d = B^-1 a for the entering column (a slack's column is -e_r).
+  void entering_direction(int enter, std::vector<double>* d) const {
+    if (enter < 0) {
+      const int r = -enter - 1;
+      for (int k = 0; k < m_; ++k) (*d)[k] = -binv_[static_cast<size_t>(k) * m_ + r];
+      return;
+    }
+    for (int k = 0; k < m_; ++k) {
+      const double* row = binv_.data() + static_cast<size_t>(k) * m_;
+      double sum = 0.0;
+      for (int i = begin_[enter]; i < begin_[enter + 1]; ++i) sum += row[rows_[i]] * values_[i];
+      (*d)[k] = sum;
+    }
+  }
+
+  // The leaving basis position (or -1 when no entry is a safe pivot) and the step, the smallest
+  // ratio.
+  int ratio_test(const std::vector<double>& d, double* step) const {
+    double dmax = 0.0;
+    for (int k = 0; k < m_; ++k) dmax = std::max(dmax, d[k]);
+    const double tol = kPivotTolerance * std::max(1.0, dmax);
+    int leave = -1;
+    double theta = 0.0;
+    for (int k = 0; k < m_; ++k) {
+      if (d[k] <= tol) continue;
+      const double t = std::max(xb_[k], 0.0) / d[k];
+      const bool smaller = leave < 0 || t < theta * (1.0 - kRatioTie);
+      if (smaller || (t <= theta * (1.0 + kRatioTie) && d[k] > d[leave])) {
+        leave = k;
+        theta = smaller ? t : std::min(theta, t);
+      }
+    }
+    *step = theta;
+    return leave;
+  }
+
   int m_;
-  std::vector<std::vector<double>> cols_;
+  // The columns in compressed form: column j's entries are [begin_[j], begin_[j + 1]); with
+  // few rows also dense (column-major), which prices faster when most rows are in most columns
+  // (the 4-GPU table: 12 rows, 552 columns).
+  std::vector<int> begin_{0}, rows_;
+  std::vector<double> values_, dense_;
   std::vector<int> basis_;  // column index, or -(r + 1) for row r's slack
-  std::vector<double> binv_, xb_;
+  std::vector<double> binv_, xb_, y_;
 };
 
 }  // namespace
@@ -229,9 +292,14 @@ std::vector<std::pair<uint32_t, double>> TimeShareTable::solve(const std::vector
     if ((mask & ~active) == 0 && (free_join_[mask] & active) == 0 && (mask & (mask - 1)) != 0) masks.push_back(mask);
   CoverLp lp(m);
   for (uint32_t mask : masks) {
-    std::vector<double> column(m);
-    for (int r = 0; r < m; ++r) column[r] = rate(mask, row_pair[r]) / demand[row_pair[r]];
-    lp.add(std::move(column));
+    std::vector<int> rows;
+    std::vector<double> values;
+    for (int r = 0; r < m; ++r)
+      if ((mask >> row_pair[r]) & 1u) {
+        rows.push_back(r);
+        values.push_back(rate(mask, row_pair[r]) / demand[row_pair[r]]);
+      }
+    lp.add(rows, values);
   }
   lp.optimize(kMaxPivots);
   std::vector<std::pair<uint32_t, double>> out;
@@ -250,6 +318,16 @@ std::vector<TimeShareColumn> time_share_search(const std::vector<std::vector<int
   if (m == 0) return {};
   if (links.size() != demand.size() || eta.size() < 2)
     throw std::invalid_argument("varipath::time_share_search: need links per transfer and an eta table");
+  for (size_t i = 0; i < links.size(); ++i) {
+    if (!(demand[i] > 0.0)) throw std::invalid_argument("varipath::time_share_search: every demand must be > 0");
+    if (links[i].empty()) throw std::invalid_argument("varipath::time_share_search: a transfer has no links");
+    for (int l : links[i])
+      if (l < 0 || static_cast<size_t>(l) >= link_bw.size())
+        throw std::invalid_argument("varipath::time_share_search: link index out of range");
+  }
+  for (const auto& set : start)
+    for (int i : set)
+      if (i < 0 || i >= m) throw std::invalid_argument("varipath::time_share_search: start member out of range");
   SetRates setrates(links, link_bw, eta);
   CoverLp lp(m);
   std::vector<std::vector<int>> members;
@@ -257,9 +335,9 @@ std::vector<TimeShareColumn> time_share_search(const std::vector<std::vector<int
   std::vector<double> r;
   auto add = [&](std::vector<int> set) {
     setrates.rates(set, &r);
-    std::vector<double> column(m, 0.0);
-    for (size_t j = 0; j < set.size(); ++j) column[set[j]] = r[j] / demand[set[j]];
-    lp.add(std::move(column));
+    std::vector<double> values(set.size());
+    for (size_t j = 0; j < set.size(); ++j) values[j] = r[j] / demand[set[j]];
+    lp.add(set, values);
     members.push_back(std::move(set));
     member_rates.push_back(r);
   };
@@ -268,15 +346,21 @@ std::vector<TimeShareColumn> time_share_search(const std::vector<std::vector<int
     if (set.size() > 1) add(set);
   const int kPivots = 64 * m;
   lp.optimize(kPivots);
+  // Pricing: grow a configuration from `seed` by the transfer that raises its dual value
+  // sum_i y_i rate_i / demand_i most, while one does.
   std::vector<char> in(m, 0);
-  for (int round = 0; round < rounds; ++round) {
-    const std::vector<double> y = lp.duals();
-    std::vector<int> set;
-    double value = 0.0;
+  auto grow = [&](std::vector<int> set, double* value) {
+    const std::vector<double>& y = lp.duals();
     std::fill(in.begin(), in.end(), 0);
-    while (true) {  // greedy: the transfer that raises sum_i y_i rate_i / demand_i most
+    for (int q : set) in[q] = 1;
+    *value = 0.0;
+    if (!set.empty()) {
+      setrates.rates(set, &r);
+      for (size_t j = 0; j < set.size(); ++j) *value += y[set[j]] * r[j] / demand[set[j]];
+    }
+    while (true) {
       int best = -1;
-      double best_value = value * (1.0 + 1e-9);
+      double best_value = *value * (1.0 + 1e-9);
       for (int q = 0; q < m; ++q) {
         if (in[q] || y[q] <= 0.0) continue;
         set.push_back(q);
@@ -289,12 +373,29 @@ std::vector<TimeShareColumn> time_share_search(const std::vector<std::vector<int
           best = q;
         }
       }
-      if (best < 0) break;
+      if (best < 0) return set;
       set.push_back(best);
       in[best] = 1;
-      value = best_value;
+      *value = best_value;
     }
-    if (value <= 1.0 + 1e-6) break;  // the greedy finds no configuration that improves the LP
+  };
+  constexpr double kImproves = 1.0 + 1e-6;  // a column whose dual value passes this enters the LP
+  for (int budget = rounds; budget > 0; --budget) {
+    double value = 0.0;
+    std::vector<int> set = grow({}, &value);
+    if (value <= kImproves) {
+      // The greedy from nothing stalls before the LP is optimal: restart it from one transfer,
+      // those of highest dual value alone first (y_q rate_q / demand_q, first index on ties),
+      // each restart paid as a round, until one finds an improving column.
+      const std::vector<double>& y = lp.duals();
+      std::vector<std::pair<double, int>> seeds;
+      for (int q = 0; q < m; ++q)
+        if (y[q] > 0.0) seeds.emplace_back(-y[q] * member_rates[q][0] / demand[q], q);
+      std::sort(seeds.begin(), seeds.end());
+      for (size_t k = 0; k < seeds.size() && value <= kImproves && budget > 1; ++k, --budget)
+        set = grow({seeds[k].second}, &value);
+      if (value <= kImproves) break;
+    }
     std::sort(set.begin(), set.end());
     add(std::move(set));
     lp.optimize(kPivots);

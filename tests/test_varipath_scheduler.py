@@ -238,6 +238,55 @@ def test_time_share_search_on_eight_gpus():
         assert t <= 0.98 * varipath.simulate(topo, without.plan(flat), "contention")
 
 
+def test_time_share_search_solves_its_lp_exactly():
+    """The column generation's LP, checked from outside: on gen4-4sw-2skt (8 GPUs, 56 transfers)
+    after 40 pricing rounds the configurations it returns cover every transfer's demand, their
+    rates are the Python simulator's max-min/eta rates for those sets, and their total time is
+    the optimum that scipy's HiGHS finds over the same configurations plus every transfer alone
+    (the search's LP holds those and more, so its optimum can be neither above nor below)."""
+    from scipy.optimize import linprog
+
+    from varipath.simulate import _eta_vec, _incidence, _maxmin, eta
+
+    topo = Topology.preset("gen4-4sw-2skt")
+    inc = _incidence(topo)
+    n = topo.num_gpus
+    pairs = [(s, d) for s in range(n) for d in range(n) if s != d]
+    paths = [inc.path(s, d) for s, d in pairs]
+    eta_table = [1.0] + [eta(k) for k in range(1, len(pairs) + 1)]
+
+    def sim_rates(members):
+        fidx = np.concatenate([np.full(len(paths[i]), j) for j, i in enumerate(members)])
+        lidx = np.concatenate([paths[i] for i in members])
+        cap = inc.bw * _eta_vec(np.bincount(lidx, minlength=len(inc.bw)))
+        return _maxmin(fidx, lidx, len(members), cap)
+
+    rng = np.random.default_rng(5)
+    demands = [make("zipf1.2", n, 256 * MB), make("hot4-80", n, 256 * MB),
+               rng.integers(1 << 20, 1 << 28, (n, n))]
+    for dem in demands:
+        want = np.array([dem[s, d] for s, d in pairs], dtype=float)
+        used = load_scheduler().time_share_search(inc.bw.tolist(), [p.tolist() for p in paths], eta_table,
+                                                  want.tolist(), [], 40)
+        assert used
+        covered = np.zeros(len(pairs))
+        for members, rates, seconds in used:
+            assert seconds > 0 and members == sorted(set(members))
+            np.testing.assert_allclose(rates, sim_rates(members), rtol=1e-9)
+            covered[members] += seconds * np.array(rates)
+        assert np.all(covered >= want * (1 - 1e-7)), np.min(covered / want)
+        columns = [np.eye(len(pairs))[i] * sim_rates([i])[0] for i in range(len(pairs))]
+        for members, rates, _ in used:
+            col = np.zeros(len(pairs))
+            col[members] = rates
+            columns.append(col)
+        a = np.array(columns).T / want[:, None]  # rows scaled to 1 (HiGHS is then exact to 1e-9)
+        ref = linprog(np.ones(a.shape[1]), A_ub=-a, b_ub=-np.ones(len(want)), bounds=(0, None), method="highs")
+        assert ref.status == 0
+        total = sum(seconds for _, _, seconds in used)
+        assert total == pytest.approx(ref.fun, rel=1e-6)
+
+
 def test_time_share_plans_on_random_demands():
     """Random, sparse and extremely skewed direct4 demands at bandwidth-bound sizes: the plan
     covers the demand exactly (no empty transfer), two schedulers agree, and whenever the

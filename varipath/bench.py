@@ -106,7 +106,39 @@ def summary(records: List[dict], out=None) -> dict:
         print(f"[{model}] cases={len(rows)}  worst VP/LB (>=16MB) = {worst_lb:.3f}  "
               f"worst VP/best-baseline = {worst_best:.3f}  geomean speed-up: "
               + ", ".join(f"{a} {v:.2f}x" for a, v in speed.items()), file=out)
+    misses = floor_misses(records)
+    for model in sorted(res):
+        mine = [m for m in misses if m["model"] == model]
+        res[model]["floor_misses"] = mine
+        lb_miss = [m for m in mine if m["floor"] == "lb"]
+        base_miss = [m for m in mine if m["floor"] == "baseline"]
+        n_big = sum(1 for k in groups if k[4] == model and k[3] >= 16 * MB)
+        print(f"[{model}] floors: {len(lb_miss)} of {n_big} cases >= 16 MB over {LB_FLOOR}x the lower bound; "
+              f"{len(base_miss)} of {res[model]['cases']} more than {BASELINE_FLOOR - 1:.0%} behind the best "
+              "baseline", file=out)
+        for m in mine:
+            print(f"    miss {m['floor']:8s} {m['preset']:14s} x{m['hosts']:<2d} {m['traffic']:9s} "
+                  f"{_fmt_size(m['bytes_per_rank']):>5s}  {m['ratio']:.3f}", file=out)
     return res
+
+
+LB_FLOOR = 1.15        # the issue: from 16 MB per rank up, within 1.15x of the lower bound
+BASELINE_FLOOR = 1.02  # the issue: at every size, never more than 2 % slower than the best baseline
+
+
+def floor_misses(records: List[dict]) -> List[dict]:
+    """The cases that miss one of the issue's quality floors, with the ratio that misses."""
+    misses = []
+    for key, g in sorted(_group(records).items()):
+        vp = g["varipath"]
+        case = dict(zip(("preset", "hosts", "traffic", "bytes_per_rank", "model"), key))
+        over_lb = vp["time_s"] / vp["lower_bound_s"]
+        if key[3] >= 16 * MB and over_lb > LB_FLOOR:
+            misses.append({**case, "floor": "lb", "ratio": over_lb})
+        over_best = vp["time_s"] / min(g[a]["time_s"] for a in baselines.BASELINES)
+        if over_best > BASELINE_FLOOR:
+            misses.append({**case, "floor": "baseline", "ratio": over_best})
+    return misses
 
 
 def markdown_summary(records: List[dict]) -> str:
