@@ -104,6 +104,14 @@ class CoverLp {
     return j;
   }
 
+  // Room for `columns` columns with `entries` entries in all (no reallocation while adding).
+  void reserve(size_t columns, size_t entries) {
+    begin_.reserve(columns + 1);
+    rows_.reserve(entries);
+    values_.reserve(entries);
+    if (m_ <= kDenseRows) dense_.reserve(columns * m_);
+  }
+
   // y = c_B B^-1 as of the last optimize() (every row's price, seconds per unit of coverage).
   const std::vector<double>& duals() const { return y_; }
 
@@ -291,9 +299,12 @@ std::vector<std::pair<uint32_t, double>> TimeShareTable::solve(const std::vector
   for (uint32_t mask = 1; mask < (1u << p); ++mask)
     if ((mask & ~active) == 0 && (free_join_[mask] & active) == 0 && (mask & (mask - 1)) != 0) masks.push_back(mask);
   CoverLp lp(m);
+  lp.reserve(masks.size(), masks.size() * m);
+  std::vector<int> rows;
+  std::vector<double> values;
   for (uint32_t mask : masks) {
-    std::vector<int> rows;
-    std::vector<double> values;
+    rows.clear();
+    values.clear();
     for (int r = 0; r < m; ++r)
       if ((mask >> row_pair[r]) & 1u) {
         rows.push_back(r);
