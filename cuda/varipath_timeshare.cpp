@@ -364,8 +364,8 @@ std::vector<TimeShareColumn> time_share_search(const std::vector<std::vector<int
   const int kPivots = 64 * m;
   lp.optimize(kPivots);
   // Pricing: a configuration's value under the duals y is sum_i y_i rate_i / demand_i; one
-  // above 1 improves the LP.  grow() adds to `set` the transfer that raises its value most,
-  // while one does.
+  // above 1 improves the LP.  grow() builds a set from nothing by adding the transfer that
+  // raises its value most, while one does.
   std::vector<char> in(m, 0);
   auto value_of = [&](const std::vector<int>& set, const std::vector<double>& y) {
     setrates.rates(set, &r);
@@ -373,11 +373,11 @@ std::vector<TimeShareColumn> time_share_search(const std::vector<std::vector<int
     for (size_t j = 0; j < set.size(); ++j) v += y[set[j]] * r[j] / demand[set[j]];
     return v;
   };
-  auto grow = [&](std::vector<int> set, double* value) {
+  auto grow = [&](double* value) {
     const std::vector<double>& y = lp.duals();
     std::fill(in.begin(), in.end(), 0);
-    for (int q : set) in[q] = 1;
-    *value = set.empty() ? 0.0 : value_of(set, y);
+    std::vector<int> set;
+    *value = 0.0;
     while (true) {
       int best = -1;
       double best_value = *value * (1.0 + 1e-9);
@@ -432,7 +432,7 @@ std::vector<TimeShareColumn> time_share_search(const std::vector<std::vector<int
   constexpr double kImproves = 1.0 + 1e-6;  // a column whose dual value passes this enters the LP
   for (int budget = rounds; budget > 0; --budget) {
     double value = 0.0;
-    std::vector<int> set = grow({}, &value);
+    std::vector<int> set = grow(&value);
     // The greedy stalls before the LP is optimal (the simplex's duals are degenerate: most rows
     // price at 0).  Then swap local search from its set: drop one member, add one transfer, or
     // both, the best move first, each pass paid as kSwapPassRounds rounds.

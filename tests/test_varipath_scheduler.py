@@ -165,6 +165,17 @@ def test_dma_plan_within_good_enough_of_every_family(name):
             assert got <= 1.03 * best, (traffic, size, got, best)
 
 
+def _sim_rates(inc, paths, members, model="contention"):
+    """The Python simulator's rates (max-min sharing, eta under contention) of the transfers
+    `members` (indices into `paths`, link-index arrays) running together."""
+    from varipath.simulate import _eta_vec, _maxmin
+
+    fidx = np.concatenate([np.full(len(paths[i]), j) for j, i in enumerate(members)])
+    lidx = np.concatenate([paths[i] for i in members])
+    cap = inc.bw * (_eta_vec(np.bincount(lidx, minlength=len(inc.bw))) if model == "contention" else 1.0)
+    return _maxmin(fidx, lidx, len(members), cap)
+
+
 def _time_share_optimum(topo, demand, model="contention"):
     """Reference for the time-sharing LP, independent of the C++ code: every set of concurrent
     transfers at the rates the Python simulator gives it (max-min sharing with eta), and the
@@ -174,7 +185,7 @@ def _time_share_optimum(topo, demand, model="contention"):
 
     from scipy.optimize import linprog
 
-    from varipath.simulate import _eta_vec, _incidence, _maxmin
+    from varipath.simulate import _incidence
 
     inc = _incidence(topo)
     n = topo.num_gpus
@@ -183,11 +194,8 @@ def _time_share_optimum(topo, demand, model="contention"):
     columns = []
     for k in range(1, len(pairs) + 1):
         for members in itertools.combinations(range(len(pairs)), k):
-            fidx = np.concatenate([np.full(len(paths[i]), j) for j, i in enumerate(members)])
-            lidx = np.concatenate([paths[i] for i in members])
-            cap = inc.bw * (_eta_vec(np.bincount(lidx, minlength=len(inc.bw))) if model == "contention" else 1.0)
             col = np.zeros(len(pairs))
-            col[list(members)] = _maxmin(fidx, lidx, len(members), cap)
+            col[list(members)] = _sim_rates(inc, paths, members, model)
             columns.append(col)
     a = np.array(columns).T
     want = np.array([demand[s, d] for s, d in pairs], dtype=float)
@@ -246,7 +254,7 @@ def test_time_share_search_solves_its_lp_exactly():
     (the search's LP holds those and more, so its optimum can be neither above nor below)."""
     from scipy.optimize import linprog
 
-    from varipath.simulate import _eta_vec, _incidence, _maxmin, eta
+    from varipath.simulate import _incidence, eta
 
     topo = Topology.preset("gen4-4sw-2skt")
     inc = _incidence(topo)
@@ -256,10 +264,7 @@ def test_time_share_search_solves_its_lp_exactly():
     eta_table = [1.0] + [eta(k) for k in range(1, len(pairs) + 1)]
 
     def sim_rates(members):
-        fidx = np.concatenate([np.full(len(paths[i]), j) for j, i in enumerate(members)])
-        lidx = np.concatenate([paths[i] for i in members])
-        cap = inc.bw * _eta_vec(np.bincount(lidx, minlength=len(inc.bw)))
-        return _maxmin(fidx, lidx, len(members), cap)
+        return _sim_rates(inc, paths, members)
 
     rng = np.random.default_rng(5)
     demands = [make("zipf1.2", n, 256 * MB), make("hot4-80", n, 256 * MB),
@@ -275,7 +280,11 @@ def test_time_share_search_solves_its_lp_exactly():
             np.testing.assert_allclose(rates, sim_rates(members), rtol=1e-9)
             covered[members] += seconds * np.array(rates)
         assert np.all(covered >= want * (1 - 1e-7)), np.min(covered / want)
-        columns = [np.eye(len(pairs))[i] * sim_rates([i])[0] for i in range(len(pairs))]
+        columns = []
+        for i in range(len(pairs)):  # every transfer alone
+            col = np.zeros(len(pairs))
+            col[i] = sim_rates([i])[0]
+            columns.append(col)
         for members, rates, _ in used:
             col = np.zeros(len(pairs))
             col[members] = rates

@@ -102,7 +102,7 @@ def summary(records: List[dict], out=None) -> dict:
         speed = {a: math.exp(sum(math.log(g[a]["time_s"] / g["varipath"]["time_s"]) for g in rows) / len(rows))
                  for a in baselines.BASELINES}
         res[model] = {"worst_vp_over_lb_16MB+": worst_lb, "worst_vp_over_best_baseline": worst_best,
-                      "geomean_speedup": speed, "cases": len(rows)}
+                      "geomean_speedup": speed, "cases": len(rows), "cases_16MB+": len(big)}
         print(f"[{model}] cases={len(rows)}  worst VP/LB (>=16MB) = {worst_lb:.3f}  "
               f"worst VP/best-baseline = {worst_best:.3f}  geomean speed-up: "
               + ", ".join(f"{a} {v:.2f}x" for a, v in speed.items()), file=out)
@@ -112,8 +112,7 @@ def summary(records: List[dict], out=None) -> dict:
         res[model]["floor_misses"] = mine
         lb_miss = [m for m in mine if m["floor"] == "lb"]
         base_miss = [m for m in mine if m["floor"] == "baseline"]
-        n_big = sum(1 for k in groups if k[4] == model and k[3] >= 16 * MB)
-        print(f"[{model}] floors: {len(lb_miss)} of {n_big} cases >= 16 MB over {LB_FLOOR}x the lower bound; "
+        print(f"[{model}] floors: {len(lb_miss)} of {res[model]['cases_16MB+']} cases >= 16 MB over {LB_FLOOR}x the lower bound; "
               f"{len(base_miss)} of {res[model]['cases']} more than {BASELINE_FLOOR - 1:.0%} behind the best "
               "baseline", file=out)
         for m in mine:
