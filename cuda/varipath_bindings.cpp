@@ -115,6 +115,7 @@ PYBIND11_MODULE(_scheduler, m) {
             meta["quantum_bytes"] = info.quantum_bytes;
             meta["candidates"] = info.candidates;
             meta["simulated"] = info.simulated;
+            meta["backfilled"] = info.backfilled;
             meta["candidate"] = info.family == Scheduler::kPeerRounds   ? "peer_rounds"
                                 : info.family == Scheduler::kLinkGreedy ? "link_greedy"
                                 : info.family == Scheduler::kDirect     ? "direct"

@@ -42,6 +42,17 @@ constexpr int kMaxSimulated = 4;
 // sends it whole (a cross-socket pair at 20 GB/s next to 25 GB/s pairs stretches the phase by
 // up to 20 % instead of leaving a sliver that costs a whole phase later).
 constexpr double kWholeSlack = 1.2;
+// Under eta, a remainder goes whole only while it stretches the phase by at most this many start
+// latencies: at bandwidth-bound sizes 20 % of a long phase idles its busiest links for far
+// longer than the later phase a sliver might cost (35 -> 33 misses of the 1.15x floor, 30
+// cases faster, 2 slower by 0.7 %).  Without eta the sliver's sharing is free, so the slack stays.
+constexpr double kWholeStretchLatencies = 1.0;
+// backfill(): a budget of link checks per decomposition (a count, never a clock).
+constexpr double kBackfillWork = 131072.0;
+// Backfilled plans are built only when the hot link's pairs, one start latency each, need at most
+// this share of the lower bound: below, fused runs win (no 1 MB case of the benchmark changed,
+// while backfilling cost 8-ranks plans 10-15 us there).
+constexpr double kBackfillLatencyShare = 1.0;
 // See Scheduler::worth_fusing().
 constexpr double kFuseLatencyShare = 0.03;
 // Event-model budget per candidate, see Scheduler::affordable().
@@ -1007,7 +1018,10 @@ std::vector<std::vector<int>> Scheduler::link_greedy(const std::vector<int64_t>&
       if (!free) continue;
       // A remainder within kWholeSlack of the span goes whole: a sliver would cost a phase later.
       const double fit = span * rate[p];
-      const int64_t take = static_cast<double>(left[p]) <= kWholeSlack * fit
+      const double whole = model_.eta_beta > 0.0
+                               ? std::min(kWholeSlack * fit, fit + rate[p] * latency_s_ * kWholeStretchLatencies)
+                               : kWholeSlack * fit;
+      const int64_t take = static_cast<double>(left[p]) <= whole
                                ? left[p]
                                : std::max<int64_t>(1, static_cast<int64_t>(fit));
       if (masked) busy_mask |= pair_mask_[p];
@@ -1689,6 +1703,117 @@ Scheduler::Decomposition Scheduler::link_decomposition(const std::vector<int64_t
   return dec;
 }
 
+// Backfill: moves whole transfers of the shortest phases into longer phases that provably still
+// end when their longest transfer alone would, and drops the phases it empties.  Why it is safe:
+// under max-min sharing a flow has the largest rate on its bottleneck link, so its rate is at
+// least the equal share bw * eta(k) / k of the most crowded link on its path, and that share only
+// grows as flows finish.  So if on every link of a phase each flow's bytes are at most
+// T * bw * eta(k) / k, T being the phase's longest transfer alone, every flow ends by T and the
+// phase lasts exactly T: the cost merged_bound() charges a disjoint phase.  Link-greedy leaves
+// tails of short phases (cold pairs whose links the hot pairs held in every long phase: gen5 x4
+// Zipf 1.6 1 GB, 54 phases, 2 % of the plan); moved into the long phases' idle links they stop
+// paying a start latency each.  Not with copy-engine queues (a source's extra transfer waits).
+// Returns whether anything moved.
+bool Scheduler::backfill(Decomposition* dec) const {
+  const size_t phases = dec->pairs.size();
+  if (phases < 2 || model_.copy_engines > 0) return false;
+  const size_t links = link_bw_.size();
+  const size_t words = (pair_links_.size() + 63) / 64;
+  std::vector<double> span(phases, 0.0);            // each phase's longest transfer alone
+  std::vector<int> flows(phases * links, 0);        // phase-major: flows on each link
+  std::vector<double> biggest(phases * links, 0.0); // and the largest of their bytes
+  std::vector<uint64_t> member(phases * words, 0);  // pairs in each phase
+  // Tentative moves of the phase being emptied: (phase * links + link, its biggest before).
+  std::vector<std::pair<size_t, double>> undo;
+  auto add = [&](size_t i, int p, double b, bool logged) {
+    member[i * words + p / 64] |= uint64_t{1} << (p % 64);
+    for (int l : links_of(p)) {
+      const size_t at = i * links + static_cast<size_t>(l);
+      if (logged) undo.emplace_back(at, biggest[at]);
+      flows[at] += 1;
+      biggest[at] = std::max(biggest[at], b);
+    }
+  };
+  for (size_t i = 0; i < phases; ++i)
+    for (size_t k = 0; k < dec->pairs[i].size(); ++k) {
+      const int p = dec->pairs[i][k];
+      const double b = static_cast<double>(dec->bytes[i][k]);
+      span[i] = std::max(span[i], b / pair_min_bw_[p]);
+      add(i, p, b, false);
+    }
+  std::vector<int> longest(phases);  // destinations, longest first (ties: plan order)
+  for (size_t i = 0; i < phases; ++i) longest[i] = static_cast<int>(i);
+  std::stable_sort(longest.begin(), longest.end(), [&](int a, int b) { return span[a] > span[b]; });
+  // A transfer fits in phase d when every link of its path keeps each flow within the share.
+  double work = kBackfillWork;
+  auto fits = [&](int d, int p, double b) {
+    for (int l : links_of(p)) {
+      work -= 1.0;
+      const int k = flows[d * links + l] + 1;
+      if (std::max(biggest[d * links + l], b) > span[d] * link_bw_[l] * eta(k) / k) return false;
+    }
+    return true;
+  };
+  // Shortest phases first, each emptied whole or left as it was (a phase that kept some
+  // transfers must keep its span: the flows moved into it were checked against that span).  A
+  // phase is only ever a destination of shorter ones, so an emptied phase's tables need no
+  // update.
+  std::vector<int> dest_of;
+  std::vector<int> emptied;
+  for (auto q = longest.rbegin(); q != longest.rend() && work > 0.0; ++q) {
+    const std::vector<int>& qp = dec->pairs[*q];
+    const std::vector<int64_t>& qb = dec->bytes[*q];
+    undo.clear();
+    dest_of.assign(qp.size(), -1);
+    bool all = true;
+    for (size_t k = 0; k < qp.size() && all; ++k) {
+      const int p = qp[k];
+      const double b = static_cast<double>(qb[k]);
+      for (int d : longest) {
+        if (span[d] <= span[*q] || b > span[d] * pair_min_bw_[p] || work <= 0.0) break;
+        if (member[d * words + p / 64] & (uint64_t{1} << (p % 64))) continue;  // one flow per pair
+        if (fits(d, p, b)) {
+          dest_of[k] = d;
+          add(static_cast<size_t>(d), p, b, true);
+          break;
+        }
+      }
+      all = dest_of[k] >= 0;
+    }
+    if (!all) {  // roll the tentative moves back
+      for (auto it = undo.rbegin(); it != undo.rend(); ++it) {
+        flows[it->first] -= 1;
+        biggest[it->first] = it->second;
+      }
+      for (size_t k = 0; k < qp.size(); ++k)
+        if (dest_of[k] >= 0) member[dest_of[k] * words + qp[k] / 64] &= ~(uint64_t{1} << (qp[k] % 64));
+      continue;
+    }
+    for (size_t k = 0; k < qp.size(); ++k) {
+      dec->pairs[dest_of[k]].push_back(qp[k]);
+      dec->bytes[dest_of[k]].push_back(qb[k]);
+    }
+    emptied.push_back(*q);
+  }
+  if (emptied.empty()) return false;
+  for (int q : emptied) {
+    dec->pairs[q].clear();
+    dec->bytes[q].clear();
+  }
+  size_t out = 0;
+  for (size_t i = 0; i < phases; ++i)
+    if (!dec->pairs[i].empty()) {
+      if (out != i) {
+        dec->pairs[out] = std::move(dec->pairs[i]);
+        dec->bytes[out] = std::move(dec->bytes[i]);
+      }
+      ++out;
+    }
+  dec->pairs.resize(out);
+  dec->bytes.resize(out);
+  return true;
+}
+
 void Scheduler::other_decompositions(const std::vector<int64_t>& demand, const std::vector<double>& weight,
                                      int64_t top, bool with_catalog, std::vector<Decomposition>* out) const {
   // The catalog pass scores every working-set channel per phase, the largest planning cost on
@@ -1974,24 +2099,42 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
   // kSliceLatencyShare of the plan's time in start latencies (bandwidth-bound sizes, where the
   // unfused plan wins); below, whole pairs (fewer transfers, cheaper bounds).
   const bool sliced = model_.eta_beta > 0.0 && static_cast<double>(hot_pairs) * latency_s_ < kSliceLatencyShare * bound_s;
+  // Under eta each link-greedy pass is also offered backfilled (backfill()), unfused only: its
+  // fused runs stay built from the plain pass, whose phases fuse better (the backfilled ones,
+  // fused, lost up to 3 % at 1-16 MB).  They go after the plain passes: decs.front() is the
+  // time-sharing search's start, which the plain phases seed better (gen4 hot4-50 256 MB:
+  // 1.034x against 1.077x the lower bound).
+  const bool backfilled = model_.eta_beta > 0.0 && model_.copy_engines == 0 && n_ <= kMaxSimulatedRanks &&
+                          static_cast<double>(hot_pairs) * latency_s_ <= kBackfillLatencyShare * bound_s;
+  std::vector<Decomposition> filled;
+  auto bound_unfused = [&](Decomposition& dec) {  // true: good enough to end the search
+    bool exact = true;
+    uint64_t sig = 0;
+    const double cost = merged_bound(dec, 1, &ls, &exact, &sig);
+    dec.bound1 = cost;
+    dec.exact1 = exact;
+    dec.sig1 = sig;
+    dec.have1 = true;
+    if (exact) best_exact = std::min(best_exact, cost);
+    return exact && cost <= (1.0 + kGoodEnough) * floor_s;
+  };
+  auto unfused_plan = [&](const Decomposition& dec) {
+    if (info)
+      *info = PlanInfo{dec.bound1, static_cast<int>(dec.pairs.size()), 1, static_cast<double>(dec.quantum), 0,
+                       dec.family, 1, 0, dec.backfilled};
+    return materialize(dec.pairs, dec.bytes, 1);
+  };
   for (int64_t q : passes) {
-      decs.push_back(q < 0 ? split_peer_decomposition(demand, weight, sliced) : link_decomposition(demand, q, top));
-      Decomposition& dec = decs.back();
-      bool exact = true;
-      uint64_t sig = 0;
-      const double cost = merged_bound(dec, 1, &ls, &exact, &sig);
-      dec.bound1 = cost;
-      dec.exact1 = exact;
-      dec.sig1 = sig;
-      dec.have1 = true;
-      if (exact && cost <= (1.0 + kGoodEnough) * floor_s) {
-        if (info)
-          *info = PlanInfo{cost, static_cast<int>(dec.pairs.size()), 1, static_cast<double>(dec.quantum), 0,
-                           dec.family, 1, 0};
-        return materialize(dec.pairs, dec.bytes, 1);
-      }
-      if (exact) best_exact = std::min(best_exact, cost);
-    }
+    decs.push_back(q < 0 ? split_peer_decomposition(demand, weight, sliced) : link_decomposition(demand, q, top));
+    if (bound_unfused(decs.back())) return unfused_plan(decs.back());
+    if (!backfilled || q < 0) continue;
+    Decomposition extra = decs.back();
+    if (!backfill(&extra)) continue;
+    extra.backfilled = true;
+    if (bound_unfused(extra)) return unfused_plan(extra);
+    filled.push_back(std::move(extra));
+  }
+  for (Decomposition& dec : filled) decs.push_back(std::move(dec));
   // Without eta derating or copy-engine queues the cost model charges a phase its start latency
   // plus its busiest link's time, so the whole demand in one phase costs exactly the plan floor
   // and no other candidate can beat it: the first link-greedy decomposition fused into one.
@@ -2113,7 +2256,7 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
           best_bound = std::min(best_bound, b1);
         }
       }
-      if (count == 1 || (!fusing_proven && !worth_fusing(count, b1))) continue;
+      if (count == 1 || decs[d].backfilled || (!fusing_proven && !worth_fusing(count, b1))) continue;
       for (int m : {count, kMaxMergeManyRanks, 4, 2}) {
         if (m >= count && (m != count || skip_all)) continue;
         // With copy-engine queues peer rounds in one phase never beat split rounds in one phase
@@ -2166,7 +2309,7 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
         best_bound = std::min(best_bound, bound);
       }
       // Fusing a time-sharing plan's phases would change the configurations it was solved for.
-      if (m >= count || !worth_fusing(count, bound) || decs[d].family == kTimeShare) break;
+      if (m >= count || !worth_fusing(count, bound) || decs[d].family == kTimeShare || decs[d].backfilled) break;
       // With copy-engine queues (no eta) on one host (<= 16 ranks) fused runs of a few phases
       // never won in the benchmark: the choice is between the unfused plan and one phase in that
       // order.  (With several hosts they do win.)
@@ -2260,7 +2403,8 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
   const Decomposition& dec = decs[best->dec];
   if (info)
     *info = PlanInfo{best_cost, static_cast<int>(dec.pairs.size()), best->merge, static_cast<double>(dec.quantum),
-                     dec.family == kPeerRounds ? 1 : 0, dec.family, static_cast<int>(cands.size()), simulated};
+                     dec.family == kPeerRounds ? 1 : 0, dec.family, static_cast<int>(cands.size()), simulated,
+                     dec.backfilled};
   return materialize(dec.pairs, dec.bytes, best->merge);
 }
 

@@ -43,6 +43,7 @@ struct PlanInfo {
   int family = 0;              // Scheduler::k* bit of the winning candidate family
   int candidates = 0;          // (decomposition, merge factor) pairs bounded
   int simulated = 0;           // of those, costed with the event model
+  bool backfilled = false;     // a link-greedy plan with backfilled phases (Scheduler::backfill())
 };
 
 class Scheduler {
@@ -112,13 +113,18 @@ class Scheduler {
     int64_t quantum = 0;
     int family = 0;
     bool unique = false;                 // every pair in at most one phase (peer, split, direct)
-    bool disjoint = false;               // at most one transfer per link in each phase (link-greedy, split)
+    // Each phase lasts exactly its longest transfer alone at its path rate (without copy-engine
+    // queues): at most one transfer per link (link-greedy, split), or shared links that provably
+    // delay no transfer past it (backfill()).
+    bool disjoint = false;
+    bool backfilled = false;             // by backfill(): offered unfused only
     bool have1 = false, exact1 = false;  // merged_bound(merge 1), when already computed
     double bound1 = 0.0;
     uint64_t sig1 = 0;
   };
   std::vector<int64_t> quanta(int64_t top, double bound_s) const;
   std::vector<int64_t> link_passes(const std::vector<int64_t>& quanta, int64_t top) const;
+  bool backfill(Decomposition* dec) const;
   Decomposition link_decomposition(const std::vector<int64_t>& demand, int64_t quantum, int64_t top) const;
   void other_decompositions(const std::vector<int64_t>& demand, const std::vector<double>& weight, int64_t top,
                             bool with_catalog, std::vector<Decomposition>* out) const;

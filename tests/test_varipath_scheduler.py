@@ -86,15 +86,64 @@ def test_channel_phases_are_contention_free():
                                                 ("direct4", 3, "moe-top2")])
 def test_link_greedy_phases_use_each_link_once(name, hosts, traffic):
     """Link-greedy phases put at most one transfer on every directed link (so each runs alone at
-    its full rate) and cover the demand exactly; checked against Topology.path."""
+    its full rate) and cover the demand exactly; checked against Topology.path.  Under `dma`
+    (copy-engine queues) the plan is never backfilled, so every phase is disjoint; under
+    `contention` a backfilled plan's phases may share links, but each must still last exactly
+    its longest transfer alone (see test_backfilled_phases_last_their_longest_transfer)."""
     topo = Topology.preset(name, hosts)
     dem = make(traffic, topo.num_gpus, 64 * MB)
+    phases, info = _fresh_scheduler(topo, "dma", link_greedy=True).plan_info(dem.ravel().tolist())
+    assert info["candidate"] == "link_greedy" and not info["backfilled"]
+    if info["merge_factor"] == 1:
+        _check_cover(phases, dem)
+        for ph in phases:
+            _check_link_disjoint(ph, topo)
+            assert an.is_contention_free(topo, {(s, d) for s, d, _ in ph})
     phases, info = _fresh_scheduler(topo, "contention", link_greedy=True).plan_info(dem.ravel().tolist())
     assert info["candidate"] == "link_greedy" and info["merge_factor"] == 1
     _check_cover(phases, dem)
     for ph in phases:
-        _check_link_disjoint(ph, topo)
-        assert an.is_contention_free(topo, {(s, d) for s, d, _ in ph})
+        if not info["backfilled"]:
+            _check_link_disjoint(ph, topo)
+            assert an.is_contention_free(topo, {(s, d) for s, d, _ in ph})
+        else:
+            _check_lasts_longest_alone(ph, topo, "contention")
+
+
+def _check_lasts_longest_alone(phase, topo, model):
+    """The Python simulator's duration of one phase equals its longest transfer alone at its
+    path's narrowest link (what the scheduler charges a disjoint or backfilled phase)."""
+    from varipath.simulate import _incidence, _run_phase
+
+    inc = _incidence(topo)
+    alone = max(b / inc.bw[inc.path(s, d)].min() for s, d, b in phase)
+    assert _run_phase(inc, phase, model, 2) == pytest.approx(alone, rel=2e-3)
+
+
+@pytest.mark.parametrize("name,hosts,traffic,size", [("gen5-2sw", 4, "zipf1.6", 1024 * MB),
+                                                     ("gen4-4sw-2skt", 4, "hot4-50", 256 * MB),
+                                                     ("gen4-4sw-2skt", 1, "hot4-80", 16 * MB)])
+def test_backfilled_phases_last_their_longest_transfer(name, hosts, traffic, size):
+    """Backfill moves the transfers of short link-greedy phases into longer phases whose links
+    they then share, but only where every flow's equal share keeps it within the phase's
+    longest transfer alone.  The Python simulator (an independent max-min/eta implementation)
+    must find every phase exactly that long, the plan must cover the demand and share some
+    links, and the scheduler's estimate must match the simulated time (it charges every phase
+    the worst start latency, so it may only be above, by at most one start latency a phase)."""
+    topo = Topology.preset(name, hosts)
+    dem = make(traffic, topo.num_gpus, size)
+    phases, info = _fresh_scheduler(topo, "contention", link_greedy=True).plan_info(dem.ravel().tolist())
+    assert info["candidate"] == "link_greedy" and info["backfilled"] and info["merge_factor"] == 1
+    _check_cover(phases, dem)
+    shared = 0
+    for ph in phases:
+        _check_lasts_longest_alone(ph, topo, "contention")
+        links = [l for s, d, _ in ph for l in topo.path(s, d)]
+        shared += len(links) != len(set(links))
+    assert shared > 0  # backfill did put transfers on links already in use
+    sim = varipath.simulate(topo, phases, "contention")
+    assert sim <= info["est_cost_s"] * (1 + 1e-6)
+    assert sim >= info["est_cost_s"] - len(phases) * topo.phase_start_s()
 
 
 def test_link_greedy_keeps_bottleneck_busy():
@@ -209,7 +258,9 @@ def test_time_share_plans_reach_the_lp_optimum_on_four_gpus(traffic):
     """direct4 under contention at a bandwidth-bound size: the plan is the time-sharing one, the
     Python simulator times it at least at the LP optimum computed independently (a lower bound
     on every plan) and at most 2 % plus its phases' start latencies above it, within 1.15x of
-    the link lower bound, and at least 2 % faster than the best plan without time sharing."""
+    the link lower bound, and not slower than the best plan without time sharing (backfilled
+    link-greedy plans come within 0.4-4 % of it since 2026-12-01; the LP optimum check above is
+    what shows the time-sharing plan is the optimal one)."""
     topo = Topology.preset("direct4")
     full = _fresh_scheduler(topo, "contention")
     without = _fresh_scheduler(topo, "contention", channels=True, link_greedy=True, peer_rounds=True, direct=True)
@@ -222,15 +273,15 @@ def test_time_share_plans_reach_the_lp_optimum_on_four_gpus(traffic):
     latencies = sum(topo.phase_latency_s + max(topo.path_latency(s, d) for s, d, _ in ph) for ph in plan)
     assert optimum * (1 - 1e-6) <= t <= optimum * 1.02 + latencies, (t, optimum, latencies)
     assert t <= 1.15 * varipath.lower_bound(topo, dem)
-    assert t <= 0.98 * varipath.simulate(topo, without.plan(dem.ravel().tolist()), "contention")
+    assert t <= varipath.simulate(topo, without.plan(dem.ravel().tolist()), "contention")
 
 
 def test_time_share_search_on_eight_gpus():
     """Past 4 GPUs the time-sharing plan comes from column generation (rounds budgeted by the
     exchange's size): on gen4-4sw-2skt (8 GPUs) at 1 GB per rank under contention it covers the
     demand, two schedulers agree, and the Python
-    simulator times it within 1.15x of the lower bound and at least 2 % faster than the plan
-    without it (which shares no link)."""
+    simulator times it within 1.15x of the lower bound and at least 1 % faster than the plan
+    without it (2-4 % before backfilled link-greedy plans narrowed the gap)."""
     topo = Topology.preset("gen4-4sw-2skt")
     a, b = _fresh_scheduler(topo, "contention"), _fresh_scheduler(topo, "contention")
     without = _fresh_scheduler(topo, "contention", channels=True, link_greedy=True, peer_rounds=True, direct=True)
@@ -243,7 +294,7 @@ def test_time_share_search_on_eight_gpus():
         _check_cover(plan, dem)
         t = varipath.simulate(topo, plan, "contention")
         assert t <= 1.15 * varipath.lower_bound(topo, dem)
-        assert t <= 0.98 * varipath.simulate(topo, without.plan(flat), "contention")
+        assert t <= 0.99 * varipath.simulate(topo, without.plan(flat), "contention")
 
 
 def test_time_share_search_solves_its_lp_exactly():
