@@ -35,9 +35,21 @@ void waitUntil(const std::function<bool()>& ready, std::atomic<uint32_t>* word,
     if (ready()) return;
     sched_yield();
   }
-  // Phase 3: sleep on the futex; wake at least every 2 ms to run the checks.
+  // Phase 3: sleep on the futex; wake at least every 2 ms to run the checks.  A peer may post
+  // what we wait for and exit at once (its part of its last collective done), so a check that
+  // throws (dead peer, deadline) first looks at ready() again: a condition met just before it
+  // wins over the failure.
+  auto checked = [&] {
+    try {
+      check();
+    } catch (...) {
+      if (ready()) return true;
+      throw;
+    }
+    return false;
+  };
   auto lastCheck = std::chrono::steady_clock::now();
-  check();
+  if (checked()) return;
   while (true) {
     uint32_t seen = word->load(std::memory_order_seq_cst);
     if (ready()) return;
@@ -47,7 +59,7 @@ void waitUntil(const std::function<bool()>& ready, std::atomic<uint32_t>* word,
     if (ready()) return;
     auto now = std::chrono::steady_clock::now();
     if (now - lastCheck > std::chrono::milliseconds(20)) {
-      check();
+      if (checked()) return;
       lastCheck = now;
     }
   }

@@ -124,6 +124,7 @@ def test_rank_killed_mid_collective():
     results = run_ranks(killed_mid_collective, 3, pg_timeout=30, timeout=120, expect_errors=True)
     assert results[1][0] == "error"  # the killed rank
     for rank in (0, 2):
+        assert results[rank][0] != "error", f"rank {rank} failed: {results[rank][1]}"
         msg, elapsed = results[rank]
         assert "rank 1" in msg and ("has exited" in msg or "aborted" in msg), msg
         assert elapsed < 10, f"rank {rank} needed {elapsed:.1f}s to notice a dead peer (timeout 30 s)"
