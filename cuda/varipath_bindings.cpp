@@ -92,13 +92,15 @@ PYBIND11_MODULE(_scheduler, m) {
       .def(
           "set_candidates",
           [](Scheduler& s, bool channels, bool link_greedy, bool peer_rounds, bool direct, bool time_share,
-             bool host_rounds) {
+             bool host_rounds, bool backfill) {
             s.set_candidates((channels ? Scheduler::kCatalogChannels : 0) | (link_greedy ? Scheduler::kLinkGreedy : 0) |
                              (peer_rounds ? Scheduler::kPeerRounds : 0) | (direct ? Scheduler::kDirect : 0) |
-                             (time_share ? Scheduler::kTimeShare : 0) | (host_rounds ? Scheduler::kHostRounds : 0));
+                             (time_share ? Scheduler::kTimeShare : 0) | (host_rounds ? Scheduler::kHostRounds : 0) |
+                             (backfill ? Scheduler::kBackfill : 0));
           },
           py::arg("channels") = true, py::arg("link_greedy") = true, py::arg("peer_rounds") = true,
           py::arg("direct") = true, py::arg("time_share") = true, py::arg("host_rounds") = true,
+          py::arg("backfill") = true,
           "Candidate families plan() chooses from (tests and experiments).")
       .def(
           "plan", [](const Scheduler& s, const std::vector<int64_t>& d) { return to_python(s.plan(d)); },

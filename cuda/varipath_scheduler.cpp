@@ -254,10 +254,12 @@ void Scheduler::set_hosts(std::vector<int> host_of_gpu) {
 }
 
 void Scheduler::set_candidates(int mask) {
-  if (mask <= 0 || mask > (kCatalogChannels | kLinkGreedy | kPeerRounds | kDirect | kTimeShare | kHostRounds))
+  const int families = kCatalogChannels | kLinkGreedy | kPeerRounds | kDirect | kTimeShare | kHostRounds;
+  if ((mask & families) == 0 || (mask & ~(families | kBackfill)) != 0)
     throw std::invalid_argument("varipath::Scheduler::set_candidates: mask must name at least one of "
                                 "1 (catalog channels), 2 (link greedy), 4 (peer rounds), 8 (direct), "
-                                "32 (time sharing), 64 (host rounds), got " + std::to_string(mask));
+                                "32 (time sharing), 64 (host rounds), plus optionally 128 (backfilled "
+                                "link greedy), got " + std::to_string(mask));
   candidates_ = mask;
 }
 
@@ -2104,7 +2106,8 @@ std::vector<Phase> Scheduler::plan_info(const std::vector<int64_t>& demand, Plan
   // fused, lost up to 3 % at 1-16 MB).  They go after the plain passes: decs.front() is the
   // time-sharing search's start, which the plain phases seed better (gen4 hot4-50 256 MB:
   // 1.034x against 1.077x the lower bound).
-  const bool backfilled = model_.eta_beta > 0.0 && model_.copy_engines == 0 && n_ <= kMaxSimulatedRanks &&
+  const bool backfilled = (candidates_ & kBackfill) && model_.eta_beta > 0.0 && model_.copy_engines == 0 &&
+                          n_ <= kMaxSimulatedRanks &&
                           static_cast<double>(hot_pairs) * latency_s_ <= kBackfillLatencyShare * bound_s;
   std::vector<Decomposition> filled;
   auto bound_unfused = [&](Decomposition& dec) {  // true: good enough to end the search

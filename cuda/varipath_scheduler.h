@@ -71,6 +71,8 @@ class Scheduler {
   // transfers to the other hosts in host-rotation order, spread within each host by local index,
   // with its same-host transfers interleaved evenly (see host_rounds_decomposition()).
   static constexpr int kHostRounds = 64;
+  // Backfilled link-greedy plans (backfill()); a variant of kLinkGreedy, built only with it.
+  static constexpr int kBackfill = 128;
   void set_candidates(int mask);
   // Optional: the host of every GPU (0-based, n entries).  Enables host rounds.
   void set_hosts(std::vector<int> host_of_gpu);
@@ -196,7 +198,7 @@ class Scheduler {
   std::vector<int> pair_path8_;                // pair id -> its links padded to 8 (link count as pad), when <= 8
   std::vector<uint64_t> pair_mask_;            // pair id -> bit set of its links (when there are <= 64)
   CostModel model_;
-  int candidates_ = kCatalogChannels | kLinkGreedy | kPeerRounds | kDirect | kTimeShare | kHostRounds;
+  int candidates_ = kCatalogChannels | kLinkGreedy | kPeerRounds | kDirect | kTimeShare | kHostRounds | kBackfill;
   std::vector<int> host_of_, host_size_, local_index_;  // set_hosts(): host, its GPU count, index in it
   int hosts_ = 1;
   std::shared_ptr<const TimeShareTable> timeshare_;  // built for n <= 4 under eta (build_time_share())

@@ -63,7 +63,8 @@ def _fresh_scheduler(topo, model, **families):
     varipath.configure_scheduler(s, topo, model)
     if families:
         s.set_candidates(**{k: families.get(k, False) for k in
-                            ("channels", "link_greedy", "peer_rounds", "direct", "time_share", "host_rounds")})
+                            ("channels", "link_greedy", "peer_rounds", "direct", "time_share", "host_rounds",
+                             "backfill")})
     return s
 
 
@@ -86,28 +87,15 @@ def test_channel_phases_are_contention_free():
                                                 ("direct4", 3, "moe-top2")])
 def test_link_greedy_phases_use_each_link_once(name, hosts, traffic):
     """Link-greedy phases put at most one transfer on every directed link (so each runs alone at
-    its full rate) and cover the demand exactly; checked against Topology.path.  Under `dma`
-    (copy-engine queues) the plan is never backfilled, so every phase is disjoint; under
-    `contention` a backfilled plan's phases may share links, but each must still last exactly
-    its longest transfer alone (see test_backfilled_phases_last_their_longest_transfer)."""
+    its full rate) and cover the demand exactly; checked against Topology.path."""
     topo = Topology.preset(name, hosts)
     dem = make(traffic, topo.num_gpus, 64 * MB)
-    phases, info = _fresh_scheduler(topo, "dma", link_greedy=True).plan_info(dem.ravel().tolist())
-    assert info["candidate"] == "link_greedy" and not info["backfilled"]
-    if info["merge_factor"] == 1:
-        _check_cover(phases, dem)
-        for ph in phases:
-            _check_link_disjoint(ph, topo)
-            assert an.is_contention_free(topo, {(s, d) for s, d, _ in ph})
     phases, info = _fresh_scheduler(topo, "contention", link_greedy=True).plan_info(dem.ravel().tolist())
-    assert info["candidate"] == "link_greedy" and info["merge_factor"] == 1
+    assert info["candidate"] == "link_greedy" and info["merge_factor"] == 1 and not info["backfilled"]
     _check_cover(phases, dem)
     for ph in phases:
-        if not info["backfilled"]:
-            _check_link_disjoint(ph, topo)
-            assert an.is_contention_free(topo, {(s, d) for s, d, _ in ph})
-        else:
-            _check_lasts_longest_alone(ph, topo, "contention")
+        _check_link_disjoint(ph, topo)
+        assert an.is_contention_free(topo, {(s, d) for s, d, _ in ph})
 
 
 def _check_lasts_longest_alone(phase, topo, model):
@@ -129,10 +117,11 @@ def test_backfilled_phases_last_their_longest_transfer(name, hosts, traffic, siz
     longest transfer alone.  The Python simulator (an independent max-min/eta implementation)
     must find every phase exactly that long, the plan must cover the demand and share some
     links, and the scheduler's estimate must match the simulated time (it charges every phase
-    the worst start latency, so it may only be above, by at most one start latency a phase)."""
+    the worst start latency, so it may only be above, by at most one start latency a phase),
+    and the plan simulate no slower than the plain link-greedy one."""
     topo = Topology.preset(name, hosts)
     dem = make(traffic, topo.num_gpus, size)
-    phases, info = _fresh_scheduler(topo, "contention", link_greedy=True).plan_info(dem.ravel().tolist())
+    phases, info = _fresh_scheduler(topo, "contention", link_greedy=True, backfill=True).plan_info(dem.ravel().tolist())
     assert info["candidate"] == "link_greedy" and info["backfilled"] and info["merge_factor"] == 1
     _check_cover(phases, dem)
     shared = 0
@@ -144,6 +133,8 @@ def test_backfilled_phases_last_their_longest_transfer(name, hosts, traffic, siz
     sim = varipath.simulate(topo, phases, "contention")
     assert sim <= info["est_cost_s"] * (1 + 1e-6)
     assert sim >= info["est_cost_s"] - len(phases) * topo.phase_start_s()
+    plain = _fresh_scheduler(topo, "contention", link_greedy=True).plan(dem.ravel().tolist())
+    assert sim <= varipath.simulate(topo, plain, "contention")
 
 
 def test_link_greedy_keeps_bottleneck_busy():
@@ -263,7 +254,8 @@ def test_time_share_plans_reach_the_lp_optimum_on_four_gpus(traffic):
     what shows the time-sharing plan is the optimal one)."""
     topo = Topology.preset("direct4")
     full = _fresh_scheduler(topo, "contention")
-    without = _fresh_scheduler(topo, "contention", channels=True, link_greedy=True, peer_rounds=True, direct=True)
+    without = _fresh_scheduler(topo, "contention", channels=True, link_greedy=True, peer_rounds=True, direct=True,
+                               backfill=True)
     dem = make(traffic, 4, 256 * MB)
     plan, info = full.plan_info(dem.ravel().tolist())
     assert info["candidate"] == "time_share", info
@@ -284,7 +276,8 @@ def test_time_share_search_on_eight_gpus():
     without it (2-4 % before backfilled link-greedy plans narrowed the gap)."""
     topo = Topology.preset("gen4-4sw-2skt")
     a, b = _fresh_scheduler(topo, "contention"), _fresh_scheduler(topo, "contention")
-    without = _fresh_scheduler(topo, "contention", channels=True, link_greedy=True, peer_rounds=True, direct=True)
+    without = _fresh_scheduler(topo, "contention", channels=True, link_greedy=True, peer_rounds=True, direct=True,
+                               backfill=True)
     for traffic in ("zipf1.2", "zipf1.6"):
         dem = make(traffic, 8, 1 << 30)
         flat = dem.ravel().tolist()
@@ -354,7 +347,8 @@ def test_time_share_plans_on_random_demands():
     without it (within the event model's 0.5 %)."""
     topo = Topology.preset("direct4")
     a, b = _fresh_scheduler(topo, "contention"), _fresh_scheduler(topo, "contention")
-    without = _fresh_scheduler(topo, "contention", channels=True, link_greedy=True, peer_rounds=True, direct=True)
+    without = _fresh_scheduler(topo, "contention", channels=True, link_greedy=True, peer_rounds=True, direct=True,
+                               backfill=True)
     rng = np.random.default_rng(11)
     chosen = 0
     for i in range(48):
@@ -401,7 +395,7 @@ def test_host_rounds_under_copy_engine_queues_on_several_hosts():
         t = varipath.simulate(topo, plan, "dma")
         assert t <= 1.15 * varipath.lower_bound(topo, dem)
         without = _fresh_scheduler(topo, "dma", channels=True, link_greedy=True, peer_rounds=True, direct=True,
-                                   time_share=True)
+                                   time_share=True, backfill=True)
         assert t <= gain * varipath.simulate(topo, without.plan(dem.ravel().tolist()), "dma")
     with pytest.raises(ValueError, match="one host per GPU"):
         _fresh_scheduler(Topology.preset("direct4"), "dma").set_hosts([0, 1])
@@ -468,6 +462,9 @@ def test_bad_input():
     with pytest.raises(ValueError, match="at least one"):
         s.set_candidates(channels=False, link_greedy=False, peer_rounds=False, direct=False, time_share=False,
                          host_rounds=False)
+    with pytest.raises(ValueError, match="at least one"):  # backfill is a variant, not a family
+        s.set_candidates(channels=False, link_greedy=False, peer_rounds=False, direct=False, time_share=False,
+                         host_rounds=False, backfill=True)
 
 
 def test_backend_config(tmp_path):
