@@ -18,7 +18,7 @@ CXX_FLAGS = ["-O3", "-std=c++17", "-fvisibility=hidden", "-Wno-unused-parameter"
 
 def core_sources():
     """Every C++ file of the core except VarioPath's own binding module."""
-    files = sorted(glob.glob(os.path.join("cuda", "*.cpp")))
+    files = sorted(glob.glob(os.path.join("cuda", "**", "*.cpp"), recursive=True))
     return [f for f in files if not os.path.basename(f).startswith("varipath_bindings")]
 
 
@@ -31,7 +31,7 @@ def cuda_defines():
 
 
 def reduce_kernel_sources(with_cuda):
-    """nvcc-compiles cuda/kernels/reduce.cu into an embedded-fatbin C++ source (none without nvcc:
+    """nvcc-compiles cuda/transport/ce/kernels/reduce.cu into an embedded-fatbin C++ source (none without nvcc:
     then the GPU reduction kernel is unavailable and HOCCL_REDUCE_ON=host is the only option)."""
     if not with_cuda or os.environ.get("HOCCL_NO_NVCC"):
         return []
@@ -53,11 +53,11 @@ ext_modules = [
         extra_link_args=["-ldl", "-lrt"],
     ),
 ]
-if os.path.exists(os.path.join("cuda", "varipath_bindings.cpp")):
+if os.path.exists(os.path.join("cuda", "python", "varipath_bindings.cpp")):
     ext_modules.append(
         CppExtension(
             "varipath._scheduler",
-            ["cuda/varipath_scheduler.cpp", "cuda/varipath_timeshare.cpp", "cuda/varipath_bindings.cpp"],
+            ["cuda/varipath/scheduler.cpp", "cuda/varipath/timeshare.cpp", "cuda/python/varipath_bindings.cpp"],
             include_dirs=[os.path.join(HERE, "cuda")],
             extra_compile_args=CXX_FLAGS,
         )

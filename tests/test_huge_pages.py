@@ -1,5 +1,5 @@
 """Reused buffers that peers read with process_vm_readv go onto transparent huge pages the second
-time their range is published (cuda/huge_pages.h). The results must stay exactly the references
+time their range is published (cuda/transport/shm/huge_pages.h). The results must stay exactly the references
 computed from every rank's known inputs; the kernel's own accounting (/proc/self/smaps) must show
 the promoted range on huge pages; a range is promoted at most once; HOCCL_HUGEPAGE_MIN_BYTES=0
 turns it off. Where the kernel refuses MADV_COLLAPSE (checked independently below) nothing may

@@ -13,7 +13,7 @@ from types import ModuleType
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-SOURCES = [os.path.join(ROOT, "cuda", f) for f in ("varipath_scheduler.cpp", "varipath_timeshare.cpp", "varipath_bindings.cpp")]
+SOURCES = [os.path.join(ROOT, "cuda", f) for f in ("varipath/scheduler.cpp", "varipath/timeshare.cpp", "python/varipath_bindings.cpp")]
 FLAGS = ["-O3", "-std=c++17", "-fvisibility=hidden", "-Wno-unused-parameter"]
 
 
@@ -44,7 +44,7 @@ def load_scheduler() -> ModuleType:
     except ImportError:
         pass
     if not all(os.path.exists(s) for s in SOURCES):
-        raise ImportError("varipath._scheduler is not built and cuda/varipath_*.cpp are not available; "
+        raise ImportError("varipath._scheduler is not built and cuda/varipath/*.cpp are not available; "
                           "run: pip install --no-build-isolation -e .")
     from torch.utils.cpp_extension import load
 

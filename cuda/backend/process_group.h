@@ -1,0 +1,257 @@
+// ProcessGroupHOCCL: the c10d::Backend. Collectives are validated on the calling thread,
+// then run in issue order by one worker thread per group (the CPU stream manager); send/recv
+// go to the P2P engine's progress thread.
+#pragma once
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <tuple>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "exec/executor.h"
+#include "transport/shm/huge_pages.h"
+#include "transport/shm/p2p_engine.h"
+#include "plan/plan.h"
+#include "transport/shm/shm_group.h"
+
+namespace hoccl {
+namespace varipath {
+class Scheduler;
+}
+
+class WorkHOCCL : public c10d::Work {
+ public:
+  WorkHOCCL(int rank, c10d::OpType type, std::vector<at::Tensor> outputs);
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  std::vector<at::Tensor> result() override { return outputs_; }
+  int sourceRank() const override { return sourceRank_; }
+  // CUDA ops: wait() blocks the host only until the op is enqueued on the comm stream, then
+  // makes the caller's current stream wait for the op's end event (like NCCL).
+  bool wait(std::chrono::milliseconds timeout) override;
+  bool isCompleted() override;
+  void complete(std::exception_ptr error, int sourceRank = -1);
+  // Set by the CUDA stream manager before the op runs.
+  void setCommStream(c10::Stream comm) { commStream_ = comm; }
+  void setEndEvent(std::shared_ptr<c10::Event> end) { endEvent_ = std::move(end); }
+
+ private:
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  int sourceRank_ = -1;
+  std::optional<c10::Stream> commStream_;
+  std::shared_ptr<c10::Event> endEvent_;
+};
+
+// Completes when every member completes: what endCoalescing returns.
+class WorkGroupHOCCL : public c10d::Work {
+ public:
+  WorkGroupHOCCL(int rank, std::vector<c10::intrusive_ptr<c10d::Work>> works);
+  bool isCompleted() override;
+  bool wait(std::chrono::milliseconds timeout) override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+
+ private:
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
+};
+
+enum class AllToAllAlgo { Direct, Pairwise, VarioPath };
+
+struct HocclConfig {
+  ShmConfig shm;
+  int64_t oneShotMaxBytes = 64 << 10;
+  int64_t crossMemoryMinBytes = 256 << 10;
+  int64_t allReduceDirectReadMaxBytes = 64 << 20;  // all_reduce: direct reads below bytes x world
+  int64_t inlineMaxBytes = 64 << 10;  // run smaller collectives on the caller's thread when idle
+  int64_t streamingCopyMinBytes = 1 << 20;  // copies into outputs from this size bypass the cache
+  int64_t hugePageMinBytes = 4 << 20;  // reused peer-read buffers from this size go on huge pages (0: off)
+  int64_t alltoallPlanCache = 8;       // VarioPath plans kept for repeated split matrices (0: off)
+  bool cudaViaHostOnly = false;  // HOCCL_CUDA_TRANSPORT=host
+  int debug = 0;  // 0 off, 1 INFO, 2 TRACE
+  AllToAllAlgo alltoall = AllToAllAlgo::Direct;
+  static HocclConfig fromEnv(int world);
+};
+
+class ProcessGroupHOCCL : public c10d::Backend {
+ public:
+  ProcessGroupHOCCL(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                    std::chrono::milliseconds timeout);
+  ~ProcessGroupHOCCL() override;
+
+  const std::string getBackendName() const override { return "hoccl"; }
+  bool supportsCoalescing() const override { return true; }
+  void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+  void shutdown() override;
+  // Counts collectives issued on this group (torch reads it for object collectives, logging).
+  void setSequenceNumberForGroup() override {}
+  uint64_t getSequenceNumberForGroup() override { return issued_.load(); }
+  void abort() override;
+
+  // VarioPath channels for all_to_all (set by the Python creator from HOCCL_TOPOLOGY).
+  void setAllToAllChannels(std::vector<std::vector<std::pair<int, int>>> channels,
+                           double phaseLatency, double bandwidth);
+  std::string lastAlgorithm() const;
+  // all_to_all split matrices planned by VarioPath so far, and those served from the plan cache.
+  std::pair<uint64_t, uint64_t> allToAllPlanCounts() const;
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& outputLists, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& outputSplits,
+                                               std::vector<int64_t>& inputSplits,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
+                                          std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  // Synchronous, on the caller's thread, over the store (monitored_barrier.cpp).
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) override;
+
+ private:
+  struct Collective;  // one validated, ready-to-run collective
+  using Body = std::function<void()>;
+
+  // Queues body for the worker (or runs it inline when small and idle); bytes = payload size.
+  c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, std::vector<at::Tensor> outputs, Body body,
+                                         int64_t bytes = INT64_MAX);
+  void runTask(const c10::intrusive_ptr<WorkHOCCL>& work, const Body& body);
+  void workerLoop();
+  void runCollective(Collective& c);
+  void promoteReusedBuffers(const Collective& c);
+  void validateDescriptors(const Collective& c, uint32_t parity) const;
+  void validateSplits(const Collective& c, uint32_t parity) const;
+  std::vector<TransferPhase> scheduleAllToAll(const std::vector<int64_t>& matrix);
+  std::vector<TransferPhase> varipathPhases(const std::vector<int64_t>& matrix);
+
+  std::shared_ptr<const Plan> planFor(const PlanRequest& req);
+  // After a barrier with this parity: does every rank's input block 0 lie in a shared tensor?
+  bool everyRankShared(uint32_t parity, int64_t bytes) const;
+  void checkWait(const Collective& c, int peer);
+  void ensureP2P();
+  // CUDA tensors (process_group_cuda.cpp): order after the caller's stream, run on the comm
+  // stream, copy-engine transport for the ops it covers, host staging for the rest.
+  c10::intrusive_ptr<c10d::Work> enqueueCuda(c10d::OpType type, const std::vector<at::Tensor>& inputs,
+                                             const std::vector<at::Tensor>& outputs,
+                                             std::function<void(c10::Stream)> deviceBody);
+  c10::intrusive_ptr<c10d::Work> enqueueCudaViaHost(c10d::OpType type, const std::vector<at::Tensor>& inputs,
+                                                    const std::vector<at::Tensor>& outputs,
+                                                    std::function<void(const std::vector<at::Tensor>&,
+                                                                       const std::vector<at::Tensor>&)> hostBody);
+  c10::Stream commStream(c10::Device device);
+  void* ceGroup(c10::Device device);  // CeGroup*, created collectively on first use
+  std::optional<c10::intrusive_ptr<c10d::Work>> tryCuda(const char* op, c10d::OpType type,
+                                                         std::vector<at::Tensor> inputs,
+                                                         std::vector<at::Tensor> outputs,
+                                                         std::function<void(const std::vector<at::Tensor>&,
+                                                                            const std::vector<at::Tensor>&)> hostBody,
+                                                         std::function<void(c10::Stream)> ceBody = nullptr);
+  std::function<void(c10::Stream)> ceAllReduce(at::Tensor t, RedOp op, double factor);
+  std::function<void(c10::Stream)> ceAllGather(at::Tensor out, at::Tensor in);
+  std::function<void(c10::Stream)> ceBroadcast(at::Tensor t, int root);
+  std::function<void(c10::Stream)> ceAllToAll(at::Tensor out, at::Tensor in);
+  // While an op entry runs for host mirrors of CUDA tensors, enqueue hands its body back here.
+  at::Tensor cudaHostMirror(const at::Tensor& t, bool copyIn);
+  static void finishCudaRecv(const at::Tensor& user, const at::Tensor& host, c10::Stream comm, WorkHOCCL& work);
+  static bool anyCuda(const std::vector<at::Tensor>& ts);
+  static bool capturing();
+  static void storeCapture(Body body);
+  c10::intrusive_ptr<c10d::Work> postP2P(std::vector<at::Tensor>& tensors, int peer, int tag, bool send);
+
+  // Collective builders shared by the public entry points.
+  void allreduceTensor(const at::Tensor& tensor, RedOp op, double factor);
+  c10::intrusive_ptr<c10d::Work> allreduceSparse(std::vector<at::Tensor>& tensors, RedOp op);
+  void runSparseAllreduce(at::Tensor tensor, RedOp op);  // worker side, sparse_allreduce.cpp
+  void allgatherBlocks(const at::Tensor& input, const std::vector<at::Tensor>& outputs, OpKind kind, int root);
+  void reduceScatterBlocks(const std::vector<at::Tensor>& inputs, const at::Tensor& output, RedOp op, double factor);
+  void alltoallBlocks(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
+                      const char* opName);
+
+  std::chrono::milliseconds timeout_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::optional<c10::Stream> comm_;
+  std::shared_ptr<void> ce_;  // CeGroup (type-erased: cuda-ce headers stay out of this header)
+  HocclConfig config_;
+  std::unique_ptr<ShmGroup> group_;
+  std::unique_ptr<Executor> executor_;
+  HugePagePromoter hugePages_;  // after config_: built from it
+  std::unique_ptr<P2PEngine> p2p_;
+  std::mutex p2pMutex_;
+  uint32_t opSeq_ = 0;  // worker thread only
+  uint64_t monitoredBarriers_ = 0;  // calls so far: keys of each call are fresh
+
+  std::mutex queueMutex_;
+  std::condition_variable queueCv_;
+  std::deque<std::pair<c10::intrusive_ptr<WorkHOCCL>, Body>> queue_;
+  bool stopping_ = false;
+  bool busy_ = false;  // a task is running (on the worker or inline)
+  std::atomic<uint64_t> issued_{0};  // collectives issued so far (getSequenceNumberForGroup)
+  std::thread worker_;
+
+  bool coalescing_ = false;
+  std::vector<c10::intrusive_ptr<WorkHOCCL>> coalesced_;
+
+  std::mutex planMutex_;
+  // Keyed by (kind, root, element size, bytes, cross-memory, addresses published, every tensor
+  // shared): what a plan depends on.
+  std::map<std::tuple<int, int, int64_t, int64_t, bool, bool, bool>, std::shared_ptr<const Plan>> planCache_;
+  bool hasChannels_ = false;  // VarioPath channels were set (names the algorithm "varipath")
+  // VarioPath plans of the most recent split matrices, most recent first, keyed by the whole
+  // matrix: equal-split all_to_all and MoE layers with a fixed capacity send the same matrix
+  // every step, and the plan is a pure function of it (every rank gets the same phases whether
+  // or not its cache holds them).
+  struct CachedSchedule {
+    std::vector<int64_t> matrix;
+    std::vector<TransferPhase> phases;
+  };
+  mutable std::mutex scheduleMutex_;
+  std::deque<CachedSchedule> scheduleCache_;
+  uint64_t schedulesPlanned_ = 0, schedulesReused_ = 0;
+  std::shared_ptr<const varipath::Scheduler> scheduler_;  // set when there is > 1 channel
+  mutable std::mutex lastAlgoMutex_;
+  std::string lastAlgo_;
+};
+
+}  // namespace hoccl

@@ -1,0 +1,58 @@
+// Runs a Plan on the shm transport. Owns the running counters every rank advances identically:
+// barrier sequence numbers and the staging-buffer cursor.
+#pragma once
+#include <c10/core/ScalarType.h>
+
+#include <functional>
+#include <vector>
+
+#include "plan/plan.h"
+#include "transport/shm/shm_group.h"
+
+namespace hoccl {
+
+struct ExecContext {
+  std::vector<char*> in, out;  // block base pointers
+  c10::ScalarType dtype = c10::ScalarType::Byte;
+  RedOp op = RedOp::Sum;
+  double factor = 1.0;  // PREMUL_SUM
+  OpDesc desc{};        // published with the first barrier
+  // Set once an earlier plan of the same op published this op's buffer addresses: plans run
+  // after it read peers through those and publish nothing at their own first barrier.
+  bool addressesPublished = false;
+  // After the first barrier: compare peers' descriptors (throws on mismatch).
+  std::function<void(uint32_t parity)> validate;
+  // While blocked on a peer: throws on timeout, abort or a dead peer.
+  std::function<void(int waitingFor)> check;
+};
+
+class Executor {
+ public:
+  // Copies into the op's outputs of at least streamingMinBytes (> 0) use streaming stores.
+  Executor(ShmGroup& group, int64_t streamingMinBytes) : group_(group), streamingMinBytes_(streamingMinBytes) {}
+  void run(const Plan& plan, ExecContext& ctx);
+  // Once per collective, after its last plan: lets go of peers' shared tensors idle for a while.
+  void endOp() { peerMaps_.endOp(); }
+  // Barrier index the next barrier will use (parity selects descriptor/split buffers).
+  uint32_t nextBarrier() const { return barriers_ + 1; }
+
+ private:
+  char* resolve(const Loc& loc, const ExecContext& ctx) const;
+  size_t publishedIndex(const Loc& loc) const;
+  uint64_t remoteAddress(const Loc& loc) const;
+  // Peer memory as a local pointer when the block is a shared tensor this process can map;
+  // nullptr: read it with cross-memory copies.
+  const char* mappedPeer(const Loc& loc, size_t bytes);
+  void publishAddresses(const ExecContext& ctx, uint32_t parity);
+  void copy(const Step& step, const ExecContext& ctx);
+  void reduce(const Step& step, const ExecContext& ctx);
+  ShmGroup& group_;
+  int64_t streamingMinBytes_;
+  uint32_t addressParity_ = 0;  // parity of the current op's first barrier
+  PeerMappings peerMaps_;
+  std::vector<char> tiles_;     // per-source staging for reductions over remote memory
+  uint32_t barriers_ = 0;
+  uint32_t bufCursor_ = 0;
+};
+
+}  // namespace hoccl

@@ -1,0 +1,174 @@
+#include "exec/reduce_kernels.h"
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <type_traits>
+
+namespace hoccl {
+namespace {
+
+constexpr int64_t kBlock = 2048;  // elements per pass: the accumulator stays in L1
+
+// Accumulator type: 16-bit floats accumulate in float for accuracy (and convert once).
+template <typename T>
+using Acc = std::conditional_t<std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>,
+                               float, T>;
+
+template <typename A, RedOp Op>
+inline A combine(A a, A b) {
+  if constexpr (Op == RedOp::Sum) {
+    if constexpr (std::is_same_v<A, bool>) return a || b;
+    else return a + b;
+  } else if constexpr (Op == RedOp::Product) {
+    if constexpr (std::is_same_v<A, bool>) return a && b;
+    else return a * b;
+  } else if constexpr (Op == RedOp::Min) {
+    return b < a ? b : a;
+  } else if constexpr (Op == RedOp::Max) {
+    return a < b ? b : a;
+  } else if constexpr (std::is_integral_v<A>) {
+    if constexpr (Op == RedOp::BitAnd) return a & b;
+    if constexpr (Op == RedOp::BitOr) return a | b;
+    if constexpr (Op == RedOp::BitXor) return a ^ b;
+  }
+  return a;
+}
+
+template <typename T, RedOp Op>
+void reduceTyped(T* dst, const void* const* srcs, int nsrc, int64_t count) {
+  using A = Acc<T>;
+  A acc[kBlock];
+  for (int64_t base = 0; base < count; base += kBlock) {
+    const int64_t n = std::min(kBlock, count - base);
+    const T* s0 = static_cast<const T*>(srcs[0]) + base;
+    for (int64_t i = 0; i < n; ++i) acc[i] = static_cast<A>(s0[i]);
+    for (int k = 1; k < nsrc; ++k) {
+      const T* sk = static_cast<const T*>(srcs[k]) + base;
+      for (int64_t i = 0; i < n; ++i) acc[i] = combine<A, Op>(acc[i], static_cast<A>(sk[i]));
+    }
+    T* d = dst + base;
+    for (int64_t i = 0; i < n; ++i) d[i] = static_cast<T>(acc[i]);
+  }
+}
+
+template <typename T>
+void reduceDispatchOp(void* dst, const void* const* srcs, int nsrc, int64_t count, RedOp op) {
+  T* d = static_cast<T*>(dst);
+  switch (op) {
+    case RedOp::Sum:
+    case RedOp::Avg:
+    case RedOp::PremulSum:
+      return reduceTyped<T, RedOp::Sum>(d, srcs, nsrc, count);
+    case RedOp::Product:
+      return reduceTyped<T, RedOp::Product>(d, srcs, nsrc, count);
+    case RedOp::Min:
+      return reduceTyped<T, RedOp::Min>(d, srcs, nsrc, count);
+    case RedOp::Max:
+      return reduceTyped<T, RedOp::Max>(d, srcs, nsrc, count);
+    case RedOp::BitAnd:
+      return reduceTyped<T, RedOp::BitAnd>(d, srcs, nsrc, count);
+    case RedOp::BitOr:
+      return reduceTyped<T, RedOp::BitOr>(d, srcs, nsrc, count);
+    case RedOp::BitXor:
+      return reduceTyped<T, RedOp::BitXor>(d, srcs, nsrc, count);
+  }
+}
+
+template <typename T>
+void scaleTyped(T* d, int64_t count, RedOp op, double factor, int world) {
+  for (int64_t i = 0; i < count; ++i) {
+    if constexpr (std::is_integral_v<T>) {
+      if (op == RedOp::Avg) d[i] = static_cast<T>(d[i] / static_cast<T>(world));
+      else d[i] = static_cast<T>(static_cast<double>(d[i]) * factor);
+    } else {
+      using A = Acc<T>;
+      if (op == RedOp::Avg) d[i] = static_cast<T>(static_cast<A>(d[i]) / static_cast<A>(world));
+      else d[i] = static_cast<T>(static_cast<A>(d[i]) * static_cast<A>(factor));
+    }
+  }
+}
+
+#define HOCCL_FOR_DTYPES(_) \
+  _(float, Float)           \
+  _(double, Double)         \
+  _(c10::Half, Half)        \
+  _(c10::BFloat16, BFloat16) \
+  _(int8_t, Char)           \
+  _(uint8_t, Byte)          \
+  _(int16_t, Short)         \
+  _(int32_t, Int)           \
+  _(int64_t, Long)          \
+  _(bool, Bool)
+
+bool isFloating(c10::ScalarType t) { return c10::isFloatingType(t); }
+
+}  // namespace
+
+const char* redOpName(RedOp op) {
+  switch (op) {
+    case RedOp::Sum: return "SUM";
+    case RedOp::Avg: return "AVG";
+    case RedOp::Product: return "PRODUCT";
+    case RedOp::Min: return "MIN";
+    case RedOp::Max: return "MAX";
+    case RedOp::PremulSum: return "PREMUL_SUM";
+    case RedOp::BitAnd: return "BAND";
+    case RedOp::BitOr: return "BOR";
+    case RedOp::BitXor: return "BXOR";
+  }
+  return "?";
+}
+
+size_t elementSize(c10::ScalarType dtype) { return c10::elementSize(dtype); }
+
+std::string checkReducible(c10::ScalarType dtype, RedOp op) {
+  switch (dtype) {
+#define HOCCL_CASE(T, N) case c10::ScalarType::N:
+    HOCCL_FOR_DTYPES(HOCCL_CASE)
+#undef HOCCL_CASE
+    break;
+    default:
+      return std::string("dtype ") + c10::toString(dtype) + " is not supported for reductions";
+  }
+  bool bitwise = op == RedOp::BitAnd || op == RedOp::BitOr || op == RedOp::BitXor;
+  if (bitwise && isFloating(dtype))
+    return std::string(redOpName(op)) + " needs an integer or bool dtype, got " + c10::toString(dtype);
+  if ((op == RedOp::Avg || op == RedOp::PremulSum) && dtype == c10::ScalarType::Bool)
+    return std::string(redOpName(op)) + " is not defined for bool";
+  return "";
+}
+
+void reduceInto(void* dst, const void* const* srcs, int nsrc, int64_t count, c10::ScalarType dtype,
+                RedOp op) {
+  if (count == 0) return;
+  switch (dtype) {
+#define HOCCL_CASE(T, N)                                      \
+  case c10::ScalarType::N:                                    \
+    return reduceDispatchOp<T>(dst, srcs, nsrc, count, op);
+    HOCCL_FOR_DTYPES(HOCCL_CASE)
+#undef HOCCL_CASE
+    default:
+      throw std::invalid_argument(std::string("hoccl: cannot reduce dtype ") + c10::toString(dtype));
+  }
+}
+
+void postScale(void* dst, int64_t count, c10::ScalarType dtype, RedOp op, double factor, int world) {
+  if (op != RedOp::Avg && op != RedOp::PremulSum) return;
+  switch (dtype) {
+#define HOCCL_CASE(T, N)                                                       \
+  case c10::ScalarType::N:                                                     \
+    if constexpr (!std::is_same_v<T, bool>)                                    \
+      scaleTyped<T>(static_cast<T*>(dst), count, op, factor, world);           \
+    return;
+    HOCCL_FOR_DTYPES(HOCCL_CASE)
+#undef HOCCL_CASE
+    default:
+      return;
+  }
+}
+
+}  // namespace hoccl

@@ -1,0 +1,61 @@
+// all_reduce plans.
+//  one-shot: every rank stages its chunk, one barrier, every rank reduces all slots itself.
+//            1 barrier per chunk: lowest latency, W x the reduction reads. For small messages.
+//  rs-ag:    reduce-scatter then all-gather through the same slots: each rank reduces 1/W of
+//            the chunk into its own slot, barrier, everyone copies the W reduced parts out.
+//            2 barriers per chunk, each byte read ~3 times in all: for large messages.
+#include "plan/plan.h"
+#include "plan/plan_util.h"
+
+namespace hoccl {
+
+// Every rank stages its chunk; after one barrier the reducers (all ranks, or the root only)
+// combine every slot. Shared by one-shot all_reduce and rooted reduce.
+Plan planStagedReduce(const PlanRequest& req, bool rootOnly, const char* algo) {
+  Plan p;
+  p.algo = algo;
+  forEachChunk(req.bytes, chunkCapacity(req.slotBytes, req.elemSize), [&](int64_t off, int64_t n) {
+    int b = p.buffersUsed++;
+    p.steps.push_back(Step::copy(Loc::slot(req.rank, b, 0), Loc::in(0, off), n));
+    p.steps.push_back(Step::barrier());
+    if (rootOnly && req.rank != req.root) return;
+    std::vector<Loc> srcs;
+    for (int r = 0; r < req.world; ++r) srcs.push_back(Loc::slot(r, b, 0));
+    p.steps.push_back(Step::reduce(Loc::out(0, off), srcs, n / req.elemSize, true));
+  });
+  ensureBarrier(p);
+  return p;
+}
+
+Plan planAllReduceOneShot(const PlanRequest& req) { return planStagedReduce(req, false, "allreduce/one-shot"); }
+
+Plan planAllReduceRsAg(const PlanRequest& req) {
+  Plan p;
+  p.algo = "allreduce/rs-ag";
+  const int W = req.world;
+  forEachChunk(req.bytes, chunkCapacity(req.slotBytes, req.elemSize), [&](int64_t off, int64_t n) {
+    int b = p.buffersUsed++;
+    const int64_t elems = n / req.elemSize;
+    p.steps.push_back(Step::copy(Loc::slot(req.rank, b, 0), Loc::in(0, off), n));
+    p.steps.push_back(Step::barrier());
+    // My part, reduced in place into my own slot: peers read only their own parts of my slot.
+    auto [myLo, myHi] = balancedRange(elems, W, req.rank);
+    if (myHi > myLo) {
+      std::vector<Loc> srcs;
+      for (int r = 0; r < W; ++r) srcs.push_back(Loc::slot(r, b, myLo * req.elemSize));
+      p.steps.push_back(Step::reduce(Loc::slot(req.rank, b, myLo * req.elemSize), srcs,
+                                     myHi - myLo, true));
+    }
+    p.steps.push_back(Step::barrier());
+    for (int r = 0; r < W; ++r) {
+      auto [lo, hi] = balancedRange(elems, W, r);
+      if (hi > lo)
+        p.steps.push_back(Step::copy(Loc::out(0, off + lo * req.elemSize),
+                                     Loc::slot(r, b, lo * req.elemSize), (hi - lo) * req.elemSize));
+    }
+  });
+  ensureBarrier(p);
+  return p;
+}
+
+}  // namespace hoccl

@@ -1,0 +1,66 @@
+// Python face of the C++ core: hoccl_backend._C.
+#include <pybind11/chrono.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "python/cuda_bindings.h"
+#include "plan/plan.h"
+#include "backend/process_group.h"
+#include "transport/shm/shared_tensor.h"
+
+namespace py = pybind11;
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "hoccl C++ core: process group, shm transport, plan-building collective scheduler";
+  py::class_<hoccl::ProcessGroupHOCCL, c10d::Backend, c10::intrusive_ptr<hoccl::ProcessGroupHOCCL>>(
+      m, "ProcessGroupHOCCL")
+      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                       std::chrono::milliseconds timeout) {
+             return c10::make_intrusive<hoccl::ProcessGroupHOCCL>(store, rank, size, timeout);
+           }),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("set_alltoall_channels", &hoccl::ProcessGroupHOCCL::setAllToAllChannels, py::arg("channels"),
+           py::arg("phase_latency_s"), py::arg("bandwidth_Bps"))
+      .def("last_algorithm", &hoccl::ProcessGroupHOCCL::lastAlgorithm)
+      .def("alltoall_plan_counts", &hoccl::ProcessGroupHOCCL::allToAllPlanCounts,
+           "(split matrices planned by VarioPath, served from the plan cache) on this rank");
+
+  m.def(
+      "describe_plan",
+      [](const std::string& kind, int rank, int world, int64_t bytes, int64_t elemSize, int64_t slotBytes,
+         int root, int64_t oneShotMaxBytes) {
+        static const std::map<std::string, hoccl::OpKind> kinds = {
+            {"all_reduce", hoccl::OpKind::AllReduce}, {"all_gather", hoccl::OpKind::AllGather},
+            {"reduce_scatter", hoccl::OpKind::ReduceScatter}, {"broadcast", hoccl::OpKind::Broadcast},
+            {"reduce", hoccl::OpKind::Reduce}, {"gather", hoccl::OpKind::Gather},
+            {"scatter", hoccl::OpKind::Scatter}, {"barrier", hoccl::OpKind::Barrier}};
+        auto it = kinds.find(kind);
+        if (it == kinds.end()) throw py::value_error("unknown collective " + kind);
+        hoccl::PlanRequest req;
+        req.kind = it->second;
+        req.rank = rank;
+        req.world = world;
+        req.bytes = bytes;
+        req.elemSize = elemSize;
+        req.slotBytes = slotBytes;
+        req.root = root;
+        req.oneShotMaxBytes = oneShotMaxBytes;
+        return hoccl::buildPlan(req).describe();
+      },
+      py::arg("kind"), py::arg("rank"), py::arg("world"), py::arg("bytes"), py::arg("elem_size") = 4,
+      py::arg("slot_bytes") = 4 << 20, py::arg("root") = 0, py::arg("one_shot_max_bytes") = 64 << 10);
+  m.def("shared_bytes", &hoccl::sharedBytes, py::arg("nbytes"),
+        "uninitialised uint8 CPU tensor in memory local peers can map (see hoccl_backend.empty)");
+  m.def("is_shared", &hoccl::isShared, py::arg("tensor"));
+  m.def("peer_mapped_bytes", &hoccl::PeerMappings::bytesRead,
+        "bytes this process read from peers' shared tensors through mappings (all groups)");
+  m.def("huge_page_promoted_bytes", &hoccl::HugePagePromoter::bytesPromoted,
+        "bytes of reused peer-read buffers this process moved onto huge pages (all groups)");
+  bindCuda(m);
+#ifdef HOCCL_WITH_CUDA
+  m.attr("built_with_cuda") = true;
+#else
+  m.attr("built_with_cuda") = false;
+#endif
+}

@@ -1,0 +1,165 @@
+// Python face of the CUDA pieces: status/diagnostics that work everywhere, plus thin test hooks
+// (_ce_reduce, _CeGroup) that drive the primitives on raw CUDA tensors. The core registers them
+// with one call, bindCuda(m), from its PYBIND11_MODULE.
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <map>
+#include <stdexcept>
+
+#include "python/cuda_bindings.h"
+
+#include "transport/ce/ce_collectives.h"
+#include "transport/ce/ce_copy.h"
+#include "transport/ce/ce_reduce.h"
+#include "transport/ce/cuda_driver.h"
+
+namespace py = pybind11;
+
+namespace hoccl {
+namespace {
+
+RedOp parseOp(const std::string& name) {
+  static const std::map<std::string, RedOp> ops = {
+      {"sum", RedOp::Sum}, {"avg", RedOp::Avg}, {"product", RedOp::Product}, {"min", RedOp::Min},
+      {"max", RedOp::Max}, {"premul_sum", RedOp::PremulSum}, {"band", RedOp::BitAnd},
+      {"bor", RedOp::BitOr}, {"bxor", RedOp::BitXor}};
+  auto it = ops.find(name);
+  if (it == ops.end()) throw py::value_error("unknown reduce op '" + name + "'");
+  return it->second;
+}
+
+const char* reduceOnName(ReduceOn r) { return r == ReduceOn::Gpu ? "gpu" : "host"; }
+
+py::dict driverStatus() {
+  std::string err = cu::loadError();
+  if (!err.empty()) throw std::runtime_error(err);  // pybind11 maps it to RuntimeError
+  py::dict d;
+#ifdef HOCCL_WITH_CUDA
+  const auto& api = cu::driver();
+  int count = 0;
+  cu::check(api.cuDeviceGetCount(&count), "cuDeviceGetCount");
+  d["library"] = api.libraryPath;
+  d["driver_version"] = api.driverVersion;
+  d["header_version"] = CUDA_VERSION;
+  d["device_count"] = count;
+  d["batch_memcpy"] = api.cuMemcpyBatchAsync != nullptr;
+  d["same_device_copy_engine"] = api.driverVersion >= kSameDeviceCeDriverVersion;
+#endif
+  return d;
+}
+
+#ifdef HOCCL_WITH_CUDA
+void checkCuda(const at::Tensor& t, const char* what) {
+  TORCH_CHECK(t.is_cuda(), "hoccl: ", what, " must be a CUDA tensor");
+  TORCH_CHECK(t.is_contiguous(), "hoccl: ", what, " must be contiguous");
+}
+
+CUdeviceptr ptrOf(const at::Tensor& t) { return reinterpret_cast<CUdeviceptr>(t.data_ptr()); }
+CUstream asStream(uint64_t s) { return reinterpret_cast<CUstream>(static_cast<uintptr_t>(s)); }
+
+// Test hook: one reduction kernel launch on `stream`, dst = op(srcs) in list order.
+void ceReduce(const at::Tensor& dst, const std::vector<at::Tensor>& srcs, const std::string& op, double factor,
+              int world, uint64_t stream, int ctas) {
+  checkCuda(dst, "dst");
+  std::vector<CUdeviceptr> ptrs;
+  for (const auto& s : srcs) {
+    checkCuda(s, "source");
+    TORCH_CHECK(s.scalar_type() == dst.scalar_type() && s.numel() == dst.numel(), "hoccl: source/dst mismatch");
+    ptrs.push_back(ptrOf(s));
+  }
+  RedOp r = parseOp(op);
+  std::string why = checkReducible(dst.scalar_type(), r);
+  TORCH_CHECK(why.empty(), "hoccl: ", why);
+  const int device = dst.get_device();
+  cu::ContextGuard guard(device);
+  thread_local std::map<std::pair<int, int>, std::unique_ptr<ReduceKernel>> kernels;  // (device, ctas)
+  auto& k = kernels[{device, ctas}];
+  if (!k) k = std::make_unique<ReduceKernel>(device, ctas);
+  k->launch(asStream(stream), ptrOf(dst), ptrs, dst.numel(), dst.scalar_type(), r, factor, world, true);
+}
+#endif
+
+}  // namespace
+}  // namespace hoccl
+
+void bindCuda(py::module& m) {
+  using namespace hoccl;
+  m.def("cuda_driver_status", &driverStatus,
+        "Loads the CUDA driver (dlopen libcuda.so.1, or $HOCCL_LIBCUDA) and returns what it found; "
+        "raises RuntimeError naming the library or the missing entry point.");
+  m.def("cuda_driver_error", &cu::loadError, "'' when the CUDA driver is usable, else why not (never raises).");
+  m.def(
+      "ce_choose_path",
+      [](const std::string& mode, bool sameDevice, bool canAccessPeer, int driverVersion) {
+        return std::string(cePathName(choosePath(parseCePathMode(mode), sameDevice, canAccessPeer, driverVersion)));
+      },
+      py::arg("mode"), py::arg("same_device"), py::arg("can_access_peer"), py::arg("driver_version"),
+      "The copy path (p2p|host) the cuda-ce transport takes for one pair of ranks.");
+  m.def(
+      "reduce_kernel_info",
+      [] {
+        py::dict d;
+        d["image_bytes"] = reduceKernelImageBytes();
+        d["available"] = reduceKernelImageBytes() > 0;
+        d["max_ctas"] = reduceCtasFromEnv();
+        d["threads_per_cta"] = kReduceThreads;
+        d["reduce_on"] = reduceOnName(reduceOnFromEnv());
+        return d;
+      },
+      "The embedded GPU reduction kernel and the HOCCL_REDUCE_* settings in effect.");
+#ifdef HOCCL_WITH_CUDA
+  m.def("_ce_reduce", &ceReduce, py::arg("dst"), py::arg("srcs"), py::arg("op"), py::arg("factor") = 1.0,
+        py::arg("world") = 1, py::arg("stream") = 0, py::arg("ctas") = 4,
+        "Test hook: launch the bounded reduction kernel on `stream` (a cudaStream_t as int).");
+  py::class_<CeGroup>(m, "_CeGroup", "Reference cuda-ce collectives on raw CUDA tensors (tests, benchmarks).")
+      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix, int rank, int world,
+                       int device, size_t slotBytes) {
+             auto opts = CeGroupOptions::fromEnv();
+             if (slotBytes) opts.slotBytes = slotBytes;
+             return std::make_unique<CeGroup>(store, prefix, rank, world, device, opts);
+           }),
+           py::arg("store"), py::arg("prefix"), py::arg("rank"), py::arg("world"), py::arg("device"),
+           py::arg("slot_bytes") = 0, py::call_guard<py::gil_scoped_release>())
+      .def(
+          "all_gather",
+          [](CeGroup& g, const at::Tensor& out, const at::Tensor& in, uint64_t stream) {
+            checkCuda(out, "output");
+            checkCuda(in, "input");
+            TORCH_CHECK(out.nbytes() == in.nbytes() * g.peers().size(), "hoccl: output must hold world inputs");
+            py::gil_scoped_release nogil;
+            g.allGather(asStream(stream), ptrOf(out), ptrOf(in), in.nbytes());
+          },
+          py::arg("out"), py::arg("inp"), py::arg("stream"))
+      .def(
+          "all_to_all",
+          [](CeGroup& g, const at::Tensor& out, const at::Tensor& in, uint64_t stream) {
+            checkCuda(out, "output");
+            checkCuda(in, "input");
+            const size_t world = g.peers().size();
+            TORCH_CHECK(out.nbytes() == in.nbytes() && in.nbytes() % world == 0,
+                        "hoccl: all_to_all needs equal input/output sizes divisible by world");
+            py::gil_scoped_release nogil;
+            g.allToAll(asStream(stream), ptrOf(out), ptrOf(in), in.nbytes() / world);
+          },
+          py::arg("out"), py::arg("inp"), py::arg("stream"))
+      .def(
+          "broadcast",
+          [](CeGroup& g, const at::Tensor& t, int root, uint64_t stream) {
+            checkCuda(t, "tensor");
+            py::gil_scoped_release nogil;
+            g.broadcast(asStream(stream), ptrOf(t), t.nbytes(), root);
+          },
+          py::arg("tensor"), py::arg("root"), py::arg("stream"))
+      .def(
+          "all_reduce",
+          [](CeGroup& g, const at::Tensor& t, const std::string& op, double factor, uint64_t stream) {
+            checkCuda(t, "tensor");
+            RedOp r = parseOp(op);
+            py::gil_scoped_release nogil;
+            g.allReduce(asStream(stream), ptrOf(t), t.numel(), t.scalar_type(), r, factor);
+          },
+          py::arg("tensor"), py::arg("op") = "sum", py::arg("factor") = 1.0, py::arg("stream") = 0)
+      .def("paths", &CeGroup::describePaths);
+#endif
+}

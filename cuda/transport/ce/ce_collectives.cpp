@@ -1,0 +1,290 @@
+#include "transport/ce/ce_collectives.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <thread>
+
+#include "exec/reduce_kernels.h"
+
+namespace hoccl {
+
+#ifdef HOCCL_WITH_CUDA
+
+CeGroupOptions CeGroupOptions::fromEnv() {
+  CeGroupOptions o;
+  o.pathMode = cePathModeFromEnv();
+  o.reduceOn = reduceOnFromEnv();
+  o.reduceCtas = reduceCtasFromEnv();
+  return o;
+}
+
+namespace {
+
+// Group-wide AND of "all my pairs are p2p": the reference collectives use one path for the whole
+// group, so every rank's staging-publication count stays identical.
+bool groupAllP2P(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix, int world, bool mineP2P,
+                 std::chrono::milliseconds timeout) {
+  store->add(prefix + "/votes", 1);
+  if (!mineP2P) store->add(prefix + "/host_votes", 1);
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (store->add(prefix + "/votes", 0) < world) {
+    if (std::chrono::steady_clock::now() > deadline) throw std::runtime_error("hoccl: timed out agreeing on the ce path");
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return store->add(prefix + "/host_votes", 0) == 0;
+}
+
+// Graph capture would freeze this call's sequence numbers into the graph's memop nodes; on
+// replay the GEQ waits would already be satisfied and ranks would race. Refuse clearly.
+void refuseCapture(CUstream stream, const char* op) {
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  cu::check(cu::driver().cuStreamIsCapturing(stream, &status), "cuStreamIsCapturing");
+  if (status != CU_STREAM_CAPTURE_STATUS_NONE)
+    throw std::runtime_error(std::string("hoccl ") + op +
+                             ": CUDA graph capture is not supported by the cuda-ce transport yet (its "
+                             "cross-rank flags carry per-call sequence numbers that a replayed graph would reuse)");
+}
+
+}  // namespace
+
+CeGroup::CeGroup(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix, int rank, int world,
+                 int device, CeGroupOptions opts)
+    : store_(store), prefix_(prefix), rank_(rank), world_(world), device_(device), opts_(opts) {
+  peers_ = discoverPeers(store, prefix + "/peers", rank, world, device, opts.pathMode, opts.timeout);
+  bool mineP2P = true;
+  for (int r = 0; r < world; ++r)
+    if (r != rank && peers_[r].path != CePath::P2P) mineP2P = false;
+  if (!groupAllP2P(store, prefix + "/path", world, mineP2P, opts.timeout))
+    for (auto& p : peers_) p.path = CePath::Host;
+  const size_t flagBytes = CeSync::bytesNeeded(world);
+  flagRegion_ = std::make_unique<SharedHostRegion>(store, prefix + "/flags", rank, world, flagBytes * kFlagSets,
+                                                   device, opts.timeout);
+  for (int f = 0; f < kFlagSets; ++f) sync_.push_back(std::make_unique<CeSync>(*flagRegion_, flagBytes * f, rank, world));
+  staging_ = std::make_unique<HostStaging>(store, prefix + "/stage", rank, world, opts.slotBytes, 2, device,
+                                           opts.timeout);
+  ipc_ = std::make_unique<IpcRegistry>(device);
+  if (opts.reduceOn == ReduceOn::Gpu) {
+    reduce_ = std::make_unique<ReduceKernel>(device, opts.reduceCtas);
+    scratch_ = std::make_unique<DeviceBuffer>(staging_->slotBytes() * world, device);
+  }
+}
+
+CeGroup::~CeGroup() = default;
+
+std::vector<int> CeGroup::peersOn(CePath path) const {
+  std::vector<int> out;
+  for (int r = 0; r < world_; ++r)
+    if (r != rank_ && peers_[r].path == path) out.push_back(r);
+  return out;
+}
+
+std::vector<int> CeGroup::everyone() const {
+  std::vector<int> out;
+  for (int r = 0; r < world_; ++r)
+    if (r != rank_) out.push_back(r);
+  return out;
+}
+
+std::string CeGroup::describePaths() const {
+  std::string s;
+  for (int r = 0; r < world_; ++r)
+    s += (s.empty() ? "" : " ") + std::to_string(r) + ":" + (r == rank_ ? "self" : cePathName(peers_[r].path));
+  return s;
+}
+
+bool CeGroup::allP2P() const { return world_ > 1 && peersOn(CePath::P2P).size() == static_cast<size_t>(world_ - 1); }
+
+// Staging rounds: every rank counts every round (so slot parity agrees everywhere); round n uses
+// slot (n-1)%2. A publisher may overwrite a slot only once every peer consumed the round it last
+// published there (DONE >= that round); consumers signal DONE with the round they consumed.
+// Every publication in these collectives is consumed by every other rank.
+uint32_t CeGroup::beginRound(CUstream s, bool publish) {
+  const uint32_t n = ++round_;
+  const int slot = static_cast<int>((n - 1) % 2);
+  if (publish) {
+    const uint32_t previous = lastRoundInSlot_[slot];
+    auto peers = everyone();
+    if (previous != 0 && !peers.empty())
+      flags(kDone).waitMany(s, peers, std::vector<uint32_t>(peers.size(), previous));
+    lastRoundInSlot_[slot] = n;
+  }
+  return n;
+}
+
+void CeGroup::publishReady(CUstream s, uint32_t round) {
+  for (int p : everyone()) flags(kReady).signal(s, p, round);
+}
+
+// Waits for `from`'s publication `round`, copies `len` bytes at `slotOffset` of its slot to dst
+// (H2D: copy engine), then releases the slot.
+void CeGroup::consume(CUstream s, int from, uint32_t round, size_t slotOffset, CUdeviceptr dst, size_t len) {
+  const int slot = static_cast<int>((round - 1) % 2);
+  if (from != rank_) flags(kReady).wait(s, from, round);
+  cu::check(cu::driver().cuMemcpyHtoDAsync(dst, staging_->hostSlot(from, slot, slotOffset), len, s),
+            "cuMemcpyHtoDAsync");
+  if (from != rank_) flags(kDone).signal(s, from, round);
+}
+
+void CeGroup::stageOut(CUstream s, uint32_t round, size_t slotOffset, CUdeviceptr src, size_t len) {
+  const int slot = static_cast<int>((round - 1) % 2);
+  cu::check(cu::driver().cuMemcpyDtoHAsync(staging_->hostSlot(rank_, slot, slotOffset), src, len, s),
+            "cuMemcpyDtoHAsync");
+}
+
+void CeGroup::allGather(CUstream stream, CUdeviceptr out, CUdeviceptr in, size_t bytes) {
+  if (bytes == 0) return;
+  cu::ContextGuard guard(device_);
+  refuseCapture(stream, "all_gather");
+  if (allP2P()) {
+    std::vector<P2PWrite> writes;
+    for (int p : everyone()) writes.push_back({p, rank_ * bytes, in, bytes});
+    pushP2P(stream, out, bytes * world_, writes, everyone());
+    ceCopyAsync(stream, out + rank_ * bytes, in, bytes);
+    return;
+  }
+  for (size_t off = 0; off < bytes; off += staging_->slotBytes()) {
+    const size_t len = std::min(staging_->slotBytes(), bytes - off);
+    const uint32_t n = beginRound(stream, true);
+    stageOut(stream, n, 0, in + off, len);
+    publishReady(stream, n);
+    // Own block from the own slot too: H2D runs on a copy engine, a same-device D2D might not.
+    for (int r = 0; r < world_; ++r) consume(stream, r, n, 0, out + r * bytes + off, len);
+  }
+}
+
+void CeGroup::allToAll(CUstream stream, CUdeviceptr out, CUdeviceptr in, size_t blockBytes) {
+  if (blockBytes == 0) return;
+  cu::ContextGuard guard(device_);
+  refuseCapture(stream, "all_to_all");
+  if (allP2P()) {
+    std::vector<P2PWrite> writes;
+    for (int p : everyone()) writes.push_back({p, rank_ * blockBytes, in + p * blockBytes, blockBytes});
+    pushP2P(stream, out, blockBytes * world_, writes, everyone());
+    ceCopyAsync(stream, out + rank_ * blockBytes, in + rank_ * blockBytes, blockBytes);
+    return;
+  }
+  // Each round carries one piece per destination: piece p of my slot is for rank p.
+  const size_t piece = std::max<size_t>(256, staging_->slotBytes() / world_ / 256 * 256);
+  for (size_t off = 0; off < blockBytes; off += piece) {
+    const size_t len = std::min(piece, blockBytes - off);
+    const uint32_t n = beginRound(stream, true);
+    for (int p = 0; p < world_; ++p) stageOut(stream, n, p * piece, in + p * blockBytes + off, len);
+    publishReady(stream, n);
+    for (int r = 0; r < world_; ++r) consume(stream, r, n, rank_ * piece, out + r * blockBytes + off, len);
+  }
+}
+
+void CeGroup::broadcast(CUstream stream, CUdeviceptr buf, size_t bytes, int root) {
+  if (bytes == 0 || world_ == 1) return;
+  if (root < 0 || root >= world_) throw std::invalid_argument("hoccl broadcast: root out of range");
+  cu::ContextGuard guard(device_);
+  refuseCapture(stream, "broadcast");
+  if (allP2P()) {
+    std::vector<P2PWrite> writes;
+    if (rank_ == root)
+      for (int p : everyone()) writes.push_back({p, 0, buf, bytes});
+    pushP2P(stream, buf, bytes, writes, rank_ == root ? std::vector<int>{} : std::vector<int>{root});
+    return;
+  }
+  for (size_t off = 0; off < bytes; off += staging_->slotBytes()) {
+    const size_t len = std::min(staging_->slotBytes(), bytes - off);
+    const uint32_t n = beginRound(stream, rank_ == root);
+    if (rank_ == root) {
+      stageOut(stream, n, 0, buf + off, len);
+      publishReady(stream, n);
+    } else {
+      consume(stream, root, n, 0, buf + off, len);
+    }
+  }
+}
+
+// Push model over CUDA IPC: a writer copies straight into the reader's buffer once the reader
+// said the buffer may be overwritten (ARM: its stream reached this op), then says the data is
+// there (DATA). Sequence = this group's p2p op count, identical on every rank.
+void CeGroup::pushP2P(CUstream s, CUdeviceptr myDst, size_t myDstBytes, const std::vector<P2PWrite>& writes,
+                      const std::vector<int>& writers) {
+  const uint32_t seq = ++opSeq_;
+  IpcDesc mine = ipc_->describe(myDst, myDstBytes);
+  auto all = exchangeIpc(store_, prefix_ + "/ipc/" + std::to_string(seq), rank_, world_, mine, opts_.timeout);
+  for (int w : writers) flags(kArm).signal(s, w, seq);
+  std::vector<int> targets;
+  for (const auto& w : writes) targets.push_back(w.peer);
+  if (!targets.empty()) flags(kArm).waitMany(s, targets, std::vector<uint32_t>(targets.size(), seq));
+  for (const auto& w : writes) {
+    if (w.dstOffset + w.bytes > all[w.peer].bytes)
+      throw std::invalid_argument("hoccl: p2p write past the end of rank " + std::to_string(w.peer) + "'s buffer");
+    ceCopyAsync(s, ipc_->map(w.peer, all[w.peer]) + w.dstOffset, w.src, w.bytes);
+  }
+  for (int t : targets) flags(kData).signal(s, t, seq);
+  if (!writers.empty()) flags(kData).waitMany(s, writers, std::vector<uint32_t>(writers.size(), seq));
+}
+
+void CeGroup::allReduce(CUstream stream, CUdeviceptr buf, int64_t count, c10::ScalarType dtype, RedOp op,
+                        double factor) {
+  if (count == 0) return;
+  std::string why = checkReducible(dtype, op);
+  if (!why.empty()) throw std::invalid_argument("hoccl all_reduce: " + why);
+  cu::ContextGuard guard(device_);
+  refuseCapture(stream, "all_reduce");
+  const size_t elem = hoccl::elementSize(dtype);
+  const int64_t chunkElems = static_cast<int64_t>(staging_->slotBytes() / elem);
+  for (int64_t first = 0; first < count; first += chunkElems) {
+    const int64_t n = std::min(chunkElems, count - first);
+    const uint32_t round = beginRound(stream, true);
+    stageOut(stream, round, 0, buf + first * elem, n * elem);
+    publishReady(stream, round);
+    if (reduce_) reduceChunkGpu(stream, buf + first * elem, n, dtype, op, factor, round);
+    else reduceChunkHost(stream, buf + first * elem, n, dtype, op, factor, round);
+  }
+}
+
+void CeGroup::reduceChunkGpu(CUstream s, CUdeviceptr dst, int64_t count, c10::ScalarType dtype, RedOp op,
+                             double factor, uint32_t round) {
+  const size_t bytes = count * hoccl::elementSize(dtype);
+  std::vector<CUdeviceptr> srcs(world_);
+  for (int r = 0; r < world_; ++r) {
+    if (r == rank_) {
+      srcs[r] = dst;  // own data never leaves the device
+      continue;
+    }
+    srcs[r] = scratch_->ptr(static_cast<size_t>(r) * staging_->slotBytes());
+    consume(s, r, round, 0, srcs[r], bytes);
+  }
+  reduce_->launch(s, dst, srcs, count, dtype, op, factor, world_, /*finalize=*/true);
+}
+
+void CeGroup::hostWaitAll(Flag f, uint32_t seq, const char* what) {
+  auto deadline = std::chrono::steady_clock::now() + opts_.timeout;
+  for (int r = 0; r < world_; ++r) {
+    if (r == rank_) continue;
+    if (!flags(f).hostWait(r, seq, deadline))
+      throw std::runtime_error(std::string("hoccl ") + what + " on rank " + std::to_string(rank_) +
+                               ": timed out waiting for rank " + std::to_string(r));
+  }
+}
+
+// The CPU reduces straight from the shared slots; it must first see its own D2H finished, and
+// must not signal DONE from the host while older stream-ordered DONE writes are still queued
+// (the word would go backwards), hence the stream synchronisations.
+void CeGroup::reduceChunkHost(CUstream s, CUdeviceptr dst, int64_t count, c10::ScalarType dtype, RedOp op,
+                              double factor, uint32_t seq) {
+  const auto& api = cu::driver();
+  const int slot = static_cast<int>((seq - 1) % 2);
+  cu::check(api.cuStreamSynchronize(s), "cuStreamSynchronize");
+  hostWaitAll(kReady, seq, "all_reduce");
+  std::vector<const void*> srcs(world_);
+  for (int r = 0; r < world_; ++r) srcs[r] = staging_->hostSlot(r, slot);
+  // Private result buffer: peers may still be reading this rank's slots.
+  std::vector<char> result(count * hoccl::elementSize(dtype));
+  reduceInto(result.data(), srcs.data(), world_, count, dtype, op);
+  postScale(result.data(), count, dtype, op, factor, world_);
+  // Pageable source: cuMemcpyHtoDAsync stages it and returns once the buffer may be reused.
+  cu::check(api.cuMemcpyHtoDAsync(dst, result.data(), result.size(), s), "cuMemcpyHtoDAsync");
+  cu::check(api.cuStreamSynchronize(s), "cuStreamSynchronize");
+  for (int r = 0; r < world_; ++r)
+    if (r != rank_) flags(kDone).hostSignal(r, seq);
+}
+
+#endif  // HOCCL_WITH_CUDA
+
+}  // namespace hoccl

@@ -1,0 +1,68 @@
+#include "transport/shm/futex_wait.h"
+
+#include <linux/futex.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <ctime>
+
+namespace hoccl {
+
+void futexWakeAll(std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
+}
+
+void futexWait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::microseconds timeout) {
+  timespec ts;
+  ts.tv_sec = timeout.count() / 1000000;
+  ts.tv_nsec = (timeout.count() % 1000000) * 1000;
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void waitUntil(const std::function<bool()>& ready, std::atomic<uint32_t>* word,
+               std::atomic<uint32_t>* waiters, const std::function<void()>& check) {
+  // Phase 1: a short spin catches the common case where the peer is a few hundred ns behind.
+  for (int i = 0; i < 64; ++i) {
+    if (ready()) return;
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+  }
+  // Phase 2: yield so an oversubscribed peer (more ranks than cores) gets the CPU.
+  auto start = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - start < std::chrono::microseconds(50)) {
+    if (ready()) return;
+    sched_yield();
+  }
+  // Phase 3: sleep on the futex; wake at least every 2 ms to run the checks.  A peer may post
+  // what we wait for and exit at once (its part of its last collective done), so a check that
+  // throws (dead peer, deadline) first looks at ready() again: a condition met just before it
+  // wins over the failure.
+  auto checked = [&] {
+    try {
+      check();
+    } catch (...) {
+      if (ready()) return true;
+      throw;
+    }
+    return false;
+  };
+  auto lastCheck = std::chrono::steady_clock::now();
+  if (checked()) return;
+  while (true) {
+    uint32_t seen = word->load(std::memory_order_seq_cst);
+    if (ready()) return;
+    waiters->fetch_add(1, std::memory_order_seq_cst);
+    if (!ready()) futexWait(word, seen, std::chrono::microseconds(2000));
+    waiters->fetch_sub(1, std::memory_order_seq_cst);
+    if (ready()) return;
+    auto now = std::chrono::steady_clock::now();
+    if (now - lastCheck > std::chrono::milliseconds(20)) {
+      if (checked()) return;
+      lastCheck = now;
+    }
+  }
+}
+
+}  // namespace hoccl

@@ -1,0 +1,70 @@
+// send/recv over per-pair byte rings in the group's shared segment. A progress thread moves
+// every posted operation forward as far as it can, so no pattern of posted sends and receives
+// can deadlock on a single blocked call (isend/irecv in any order work, like gloo).
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <list>
+#include <mutex>
+#include <thread>
+
+#include "transport/shm/shm_group.h"
+
+namespace hoccl {
+
+class P2PEngine {
+ public:
+  using Done = std::function<void(std::exception_ptr error, int peer)>;
+
+  P2PEngine(ShmGroup& group, std::chrono::milliseconds timeout);
+  ~P2PEngine();
+
+  void postSend(int dst, int tag, const char* data, int64_t bytes, Done done);
+  // src = -1 receives from whichever rank has a message first.
+  void postRecv(int src, int tag, char* data, int64_t bytes, Done done);
+
+ private:
+  struct Op {
+    bool send;
+    int peer;  // -1: any source (recv)
+    int tag;
+    char* data;
+    int64_t bytes;
+    int64_t done = 0;     // payload bytes moved
+    bool framed = false;  // header written (send) or read (recv)
+    std::chrono::steady_clock::time_point deadline;
+    Done callback;
+  };
+  struct Header {
+    int32_t tag;
+    int32_t pad;
+    int64_t bytes;
+  };
+
+  void loop();
+  bool progressSend(Op& op);
+  bool progressRecv(Op& op);
+  bool claimAnySource(Op& op);
+  void ringWrite(int dst, const char* src, int64_t n);
+  void ringRead(int src, char* dst, int64_t n);
+  int64_t ringFree(int dst) const;
+  int64_t ringAvailable(int src) const;
+  void ring(int rankToWake);
+  void fail(Op& op, const std::string& message);
+  std::string describe(const Op& op) const;
+
+  ShmGroup& group_;
+  std::chrono::milliseconds timeout_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::list<Op> ops_;  // in posting order; per-peer FIFO order is kept by scanning in order
+  std::atomic<bool> stop_{false};
+  std::chrono::steady_clock::time_point lastPeerCheck_{};
+  std::thread thread_;
+};
+
+}  // namespace hoccl
