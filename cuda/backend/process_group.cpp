@@ -13,10 +13,7 @@
 #include "transport/shm/shared_tensor.h"
 #include "exec/streaming_copy.h"
 
-#if __has_include("varipath_scheduler.h")
 #include "varipath/scheduler.h"
-#define HOCCL_HAVE_VARIOPATH 1
-#endif
 
 namespace hoccl {
 
@@ -229,16 +226,11 @@ void ProcessGroupHOCCL::abort() {
 void ProcessGroupHOCCL::setAllToAllChannels(std::vector<std::vector<std::pair<int, int>>> channels,
                                             double phaseLatency, double bandwidth) {
   hasChannels_ = !channels.empty();
-#ifdef HOCCL_HAVE_VARIOPATH
   // Built once: constructing it indexes the catalog. One channel holding every pair (the flat
   // topology) leaves nothing to schedule: the single phase is the plan, no scheduler needed.
   scheduler_.reset();
   if (channels.size() > 1)
     scheduler_ = std::make_shared<const varipath::Scheduler>(size_, std::move(channels), phaseLatency, bandwidth);
-#else
-  (void)phaseLatency;
-  (void)bandwidth;
-#endif
 }
 
 std::string ProcessGroupHOCCL::lastAlgorithm() const {
@@ -414,13 +406,11 @@ std::vector<TransferPhase> ProcessGroupHOCCL::scheduleAllToAll(const std::vector
     }
     return phases;
   }
-#ifdef HOCCL_HAVE_VARIOPATH
   if (config_.alltoall == AllToAllAlgo::VarioPath && scheduler_) {
     std::vector<TransferPhase> planned = varipathPhases(m);
     phases.insert(phases.end(), planned.begin(), planned.end());
     return phases;
   }
-#endif
   TransferPhase all;
   for (int s = 0; s < W; ++s)
     for (int d = 0; d < W; ++d)
@@ -433,7 +423,6 @@ std::vector<TransferPhase> ProcessGroupHOCCL::scheduleAllToAll(const std::vector
 // (moved to the front), else planned and cached (the least recently used entry goes).
 std::vector<TransferPhase> ProcessGroupHOCCL::varipathPhases(const std::vector<int64_t>& m) {
   std::vector<TransferPhase> phases;
-#ifdef HOCCL_HAVE_VARIOPATH
   const size_t keep = static_cast<size_t>(config_.alltoallPlanCache);
   {
     std::lock_guard<std::mutex> lock(scheduleMutex_);
@@ -460,9 +449,6 @@ std::vector<TransferPhase> ProcessGroupHOCCL::varipathPhases(const std::vector<i
     scheduleCache_.push_front({m, phases});
     if (scheduleCache_.size() > keep) scheduleCache_.pop_back();
   }
-#else
-  (void)m;
-#endif
   return phases;
 }
 
