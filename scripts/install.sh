@@ -4,6 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+# pip's warning about running as root is noise in CI logs; silencing it here, instead of
+# filtering pip's output, keeps pip's exit status (a failed build must fail this script: a
+# stale extension from an earlier build would otherwise pass the import check below).
+export PIP_ROOT_USER_ACTION=ignore
 
 need() { ! $PY -c "import $1" >/dev/null 2>&1; }
 if need torch; then
@@ -16,5 +20,5 @@ if [ ${#missing[@]} -gt 0 ]; then $PY -m pip install -q "${missing[@]}"; fi
 if need expecttest; then $PY -m pip install -q expecttest || true; fi   # torch's conformance suite
 if need matplotlib; then $PY -m pip install -q matplotlib || true; fi   # --plot only
 # Build against the installed torch (no build isolation: the extension must match its ABI).
-MAX_JOBS=${MAX_JOBS:-2} $PY -m pip install -q --no-build-isolation --no-deps -e . 2>&1 | grep -v "Running pip as the 'root'" || true
+MAX_JOBS=${MAX_JOBS:-2} $PY -m pip install -q --no-build-isolation --no-deps -e .
 $PY -c "import torch, hoccl_backend; hoccl_backend.load_extension()"
