@@ -138,3 +138,37 @@ def model_set_capture(stream: int, status: int) -> None:
 
     lib = ctypes.CDLL(os.environ["HOCCL_LIBCUDA"])
     lib.hoccl_model_set_capture(ctypes.c_void_p(stream), ctypes.c_int(status))
+
+
+class RawDevice:
+    """Device memory and one stream of the driver hoccl loaded (a GPU, or the model), through the
+    raw-pointer hooks: needs no CUDA build of torch."""
+
+    def __init__(self):
+        from hoccl_backend import cuda_ext
+
+        self.m = cuda_ext.cuda_module()
+        self.stream = self.m._ce_raw_stream_create()
+        self.live: list[int] = []
+
+    def alloc(self, nbytes: int, fill: int = 0x5A) -> int:
+        p = self.m._ce_raw_alloc(max(1, nbytes))
+        self.m._ce_raw_upload(p, torch.full((max(1, nbytes),), fill, dtype=torch.uint8), self.stream)
+        self.live.append(p)
+        return p
+
+    def put(self, t: torch.Tensor) -> int:
+        p = self.alloc(t.numel() * t.element_size())
+        self.m._ce_raw_upload(p, t.contiguous(), self.stream)
+        return p
+
+    def get(self, p: int, n: int, dtype: torch.dtype) -> torch.Tensor:
+        out = torch.empty(n, dtype=dtype)
+        self.m._ce_raw_download(out, p, self.stream)
+        return out
+
+    def free_all(self):
+        self.m._ce_raw_stream_sync(self.stream)
+        for p in self.live:
+            self.m._ce_raw_free(p)
+        self.live = []

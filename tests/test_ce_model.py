@@ -19,6 +19,7 @@ from datetime import timedelta
 import pytest
 import torch
 
+from cuda_test_utils import RawDevice as Dev
 from cuda_test_utils import build_cuda_model, exact_reduce, model_counter, model_env, rank_data
 from dist_utils import run_ranks
 
@@ -42,39 +43,6 @@ def _env(lib, **extra):
 
 
 # ---- rank-side helpers (run in the spawned ranks) -------------------------------------------
-
-class Dev:
-    """Device memory and one stream of the (model) driver, through the raw hooks."""
-
-    def __init__(self):
-        from hoccl_backend import cuda_ext
-
-        self.m = cuda_ext.cuda_module()
-        self.stream = self.m._ce_raw_stream_create()
-        self.live: list[int] = []
-
-    def alloc(self, nbytes: int, fill: int = 0x5A) -> int:
-        p = self.m._ce_raw_alloc(max(1, nbytes))
-        self.m._ce_raw_upload(p, torch.full((max(1, nbytes),), fill, dtype=torch.uint8), self.stream)
-        self.live.append(p)
-        return p
-
-    def put(self, t: torch.Tensor) -> int:
-        p = self.alloc(t.numel() * t.element_size())
-        self.m._ce_raw_upload(p, t.contiguous(), self.stream)
-        return p
-
-    def get(self, p: int, n: int, dtype: torch.dtype) -> torch.Tensor:
-        out = torch.empty(n, dtype=dtype)
-        self.m._ce_raw_download(out, p, self.stream)
-        return out
-
-    def free_all(self):
-        self.m._ce_raw_stream_sync(self.stream)
-        for p in self.live:
-            self.m._ce_raw_free(p)
-        self.live = []
-
 
 def _store(rank, world):
     import torch.distributed as dist
