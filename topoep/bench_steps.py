@@ -91,15 +91,10 @@ class _TopoEPRe:
     """The fast path on homes moved by the slow path, as the MoE wrapper does it (see
     ``TopoEPMoE.rebalance``): record each step, re-place between steps when the policy says."""
 
-    def __init__(self, planner, experts, hosts, gpus_per_host, slots, policy):
-        self.planner = planner
-        self.replacer = HomeReplacer(experts, hosts, gpus_per_host, slots,
-                                     max_moves=policy.max_moves, pair_cap=policy.pair_cap,
-                                     tolerance=policy.tolerance, min_gain=policy.min_gain)
-        self.clock = ReplacementClock(policy, experts)
-        self.logical_at = torch.arange(experts)
-        self.m = experts // (hosts * gpus_per_host)
-        self.attempts = 0
+    def __init__(self, planner, replacer, policy):
+        self.planner, self.replacer = planner, replacer
+        self.clock = ReplacementClock(policy, replacer.E)
+        self.logical_at = torch.arange(replacer.E)
 
     def step(self, counts):
         p = self.planner(counts.index_select(1, self.logical_at))  # home-row order
@@ -112,7 +107,6 @@ class _TopoEPRe:
             self.logical_at = out.logical_at
             moved, cross = int(out.moved), int(out.cross_host_moved)
             self.clock.reset()
-            self.attempts += 1
         return float(imb), int(p.num_replicas()), moved, cross
 
 
@@ -127,10 +121,13 @@ def run(steps=64, every=16, window=4, threshold=1.02, slots=2, per_rank=8192, se
     for ti, (e, r, h) in enumerate(topologies):
         g = r // h
         planner = TopoEPPlanner(e, h, g, slots)
+        replacer = HomeReplacer(e, h, g, slots, max_moves=policy.max_moves,
+                                pair_cap=policy.pair_cap, tolerance=policy.tolerance,
+                                min_gain=policy.min_gain, horizon=policy.horizon)
         for name, kind, seq in step_workloads(r, e, h, warm + steps, warm + steps // 2,
                                               per_rank, seed):
             eplb = _Eplb(e, h, g, slots, every)
-            re = _TopoEPRe(planner, e, h, g, slots, policy)
+            re = _TopoEPRe(planner, replacer, policy)
             for t, counts in enumerate(seq):
                 home = counts.sum(0).view(r, e // r).sum(1)
                 eb = eplb.step(t, counts)
