@@ -142,19 +142,25 @@ def _train_step(w, opt, x, gout):
 
 def training_case(rank, world, cfg, seed):
     """Two Adam steps, rebalance (moves the moments), a third step; the same without the
-    rebalance gives the same weights (and, right after the move, the same moments)."""
+    rebalance gives the same weights (and, right after the move, the same moments). With
+    ``bind``, the optimizer's step hook applies the policy (every 2 steps) by itself."""
+    import topoep
     moe, xs = _moe(world, cfg, seed)
     sl = slice(rank * N, (rank + 1) * N)
-    a = _layer(copy.deepcopy(moe), cfg, replacement=_policy(cfg))
+    policy = (topoep.ReplacementPolicy(every=2, min_gain=0.0) if cfg.get("bind")
+              else _policy(cfg))
+    a = _layer(copy.deepcopy(moe), cfg, replacement=policy)
     b = _layer(copy.deepcopy(moe), cfg)
     opt_a = torch.optim.Adam(a.parameters(), lr=1e-2)
     opt_b = torch.optim.Adam(b.parameters(), lr=1e-2)
+    if cfg.get("bind"):
+        a.bind_optimizer(opt_a)
     gen = torch.Generator().manual_seed(seed)
     gouts = [torch.randn(N, D, dtype=torch.double, generator=gen) for _ in range(3)]
     for t in range(2):
         _train_step(a, opt_a, xs[t][sl], gouts[t])
         _train_step(b, opt_b, xs[t][sl], gouts[t])
-    st = a.rebalance(optimizer=opt_a)
+    st = a.last_replacement if cfg.get("bind") else a.rebalance(optimizer=opt_a)
     res = {"moved": int(st["moved"])}
     res["moments_exact"] = all(
         torch.equal(_by_expert(a, _state_rows(a, opt_a, key)),
@@ -227,7 +233,8 @@ def _cfgs(world):
            dict(experts=e, k=1, stacked=True, mode="padded", capacity=4 * N, slots=1),
            dict(experts=e, k=2, stacked=True, mode="padded", capacity=8 * N, threshold=True)]
     train = [dict(experts=e, k=2, stacked=True, mode="exact"),
-             dict(experts=e, k=2, stacked=False, mode="exact")]
+             dict(experts=e, k=2, stacked=False, mode="exact"),
+             dict(experts=e, k=2, stacked=True, mode="padded", capacity=8 * N, bind=True)]
     if world == 4:
         num.append(dict(experts=e, k=2, stacked=True, mode="exact", hosts=2))
         train.append(dict(experts=e, k=2, stacked=True, mode="exact", hosts=2, slots=2))
