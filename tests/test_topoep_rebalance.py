@@ -30,32 +30,34 @@ def _moe(world, cfg, seed):
     return moe, xs
 
 
-def _rows(w):
-    """This rank's expert rows, flattened [m, P]: weights and gradients."""
-    if w.experts is None:
-        ps = [getattr(w, n) for n in w._names]
-        return (torch.cat([p.detach().reshape(p.shape[0], -1) for p in ps], 1),
-                torch.cat([_grad(p).reshape(p.shape[0], -1) for p in ps], 1))
+def _flat(stacked, modules):
+    """Expert rows flattened [rows, P], weights and gradients: from stacked tensors [rows, ...]
+    or from one module per row."""
+    if stacked is not None:
+        return (torch.cat([p.detach().reshape(p.shape[0], -1) for p in stacked], 1),
+                torch.cat([_grad(p).reshape(p.shape[0], -1) for p in stacked], 1))
     return (torch.stack([torch.cat([p.detach().reshape(-1) for p in ex.parameters()])
-                         for ex in w.experts]),
+                         for ex in modules]),
             torch.stack([torch.cat([_grad(p).reshape(-1) for p in ex.parameters()])
-                         for ex in w.experts]))
+                         for ex in modules]))
 
 
 def _grad(p):
     return torch.zeros_like(p) if p.grad is None else p.grad
 
 
+def _rows(w):
+    """This rank's expert rows [m, P] (weights, gradients)."""
+    if w.experts is None:
+        return _flat([getattr(w, n) for n in w._names], None)
+    return _flat(None, w.experts)
+
+
 def _ref_rows(moe):
-    """[E, P] weights and gradients of the reference, by the user's expert id."""
+    """The reference's rows [E, P] (weights, gradients), by the user's expert id."""
     if moe.stacked:
-        ps = [moe.w1, moe.b1, moe.w2, moe.b2]
-        return (torch.cat([p.detach().reshape(p.shape[0], -1) for p in ps], 1),
-                torch.cat([_grad(p).reshape(p.shape[0], -1) for p in ps], 1))
-    return (torch.stack([torch.cat([p.detach().reshape(-1) for p in ex.parameters()])
-                         for ex in moe.experts]),
-            torch.stack([torch.cat([_grad(p).reshape(-1) for p in ex.parameters()])
-                         for ex in moe.experts]))
+        return _flat([moe.w1, moe.b1, moe.w2, moe.b2], None)
+    return _flat(None, moe.experts)
 
 
 def _by_expert(w, rows):

@@ -188,18 +188,25 @@ def main(argv=None) -> int:
         return bench_steps.main(args)
     t0 = time.time()
     records = run(args.slots, args.quick, args.tokens, args.seed, jit=args.jit)
-    print(f"# TopoEP bench: slots/GPU={args.slots}, {args.tokens} assignments/rank, "
-          f"planner {'traced (jit)' if args.jit else 'eager'}, "
-          f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
-          f"{time.strftime('%Y-%m-%d')}")
-    print(table(records))
-    print()
-    print(summary(records))
-    print(f"({time.time() - t0:.1f} s)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(records, f, indent=1)
+    report(f"# TopoEP bench: slots/GPU={args.slots}, {args.tokens} assignments/rank, "
+           f"planner {'traced (jit)' if args.jit else 'eager'}, "
+           f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
+           f"{time.strftime('%Y-%m-%d')}", table(records), summary(records), t0, records,
+           args.json)
     return 0
+
+
+def report(header: str, table_text: str, summary_text: str, t0: float, records: list,
+           json_path: str | None, indent: int = 1) -> None:
+    """Print a bench's header, table, summary and run time; write its records as JSON."""
+    print(header)
+    print(table_text)
+    print()
+    print(summary_text)
+    print(f"({time.time() - t0:.1f} s)")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(records, f, indent=indent)
 
 
 if __name__ == "__main__":

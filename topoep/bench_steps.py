@@ -227,22 +227,16 @@ def summary(rows: list[dict]) -> str:
 
 
 def main(args) -> int:
-    import json
+    from .bench import report
     t0 = time.time()
+    expert_bytes = int(args.expert_mb * 1e6) if args.expert_mb else EXPERT_BYTES
     records = run(args.steps, args.every, args.window, args.threshold, args.slots, args.tokens,
-                  args.seed, int(args.expert_mb * 1e6) if args.expert_mb else EXPERT_BYTES)
+                  args.seed, expert_bytes)
     rows = summarize(records)
-    print(f"# TopoEP over steps: {args.steps} measured steps after {args.every} warm-up, "
-          f"EPLB every K={args.every}, re-placement when the imbalance stays above "
-          f"{args.threshold} for {args.window} steps; slots/GPU={args.slots}, {args.tokens} "
-          f"assignments/rank; expert "
-          f"{(args.expert_mb * 1e6 if args.expert_mb else EXPERT_BYTES) / 1e6:.1f} MB; "
-          f"torch {torch.__version__}, {time.strftime('%Y-%m-%d')}")
-    print(table(rows))
-    print()
-    print(summary(rows))
-    print(f"({time.time() - t0:.1f} s)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(records, f, indent=0)
+    report(f"# TopoEP over steps: {args.steps} measured steps after {args.every} warm-up, "
+           f"EPLB every K={args.every}, re-placement when the imbalance stays above "
+           f"{args.threshold} for {args.window} steps; slots/GPU={args.slots}, {args.tokens} "
+           f"assignments/rank; expert {expert_bytes / 1e6:.1f} MB; torch {torch.__version__}, "
+           f"{time.strftime('%Y-%m-%d')}", table(rows), summary(rows), t0, records, args.json,
+           indent=0)
     return 0
