@@ -34,12 +34,16 @@ class ReplacementPolicy:
         the mean (default 0.005): smaller gains do not pay for the bytes.
       tolerance: a host (GPU) within this fraction above the mean load stops giving experts
         away (default 0.01).
+      horizon: steps a new placement is expected to serve (default ``every``, or 16): among
+        equally balanced placements the one that copies the fewest weights wins, counting
+        its moves and the replicas the fast path copies per step over this many steps.
     """
 
     def __init__(self, every: int | None = None, threshold: float | None = None,
                  window: int | None = None, history: int | None = None,
                  max_moves: int | None = None, pair_cap: int | None = None,
-                 min_gain: float = 0.005, tolerance: float = 0.01):
+                 min_gain: float = 0.005, tolerance: float = 0.01,
+                 horizon: int | None = None):
         if (every is None) == (threshold is None):
             raise ValueError("topoep: ReplacementPolicy needs exactly one of every=K or "
                              "threshold=t")
@@ -52,7 +56,9 @@ class ReplacementPolicy:
                              f"(imbalance = max / mean GPU load), got {threshold!r}")
         if window is None:
             window = every if every is not None else 4
-        for name, v in (("window", window), ("history", history)):
+        if horizon is None:
+            horizon = every if every is not None else 16
+        for name, v in (("window", window), ("history", history), ("horizon", horizon)):
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise ValueError(f"topoep: ReplacementPolicy {name} must be an int >= 1, "
                                  f"got {v!r}")
@@ -64,7 +70,7 @@ class ReplacementPolicy:
         self.every, self.threshold = every, None if threshold is None else float(threshold)
         self.window, self.history = window, history
         self.max_moves, self.pair_cap = max_moves, pair_cap
-        self.min_gain, self.tolerance = min_gain, tolerance
+        self.min_gain, self.tolerance, self.horizon = min_gain, tolerance, horizon
 
     def __repr__(self):
         when = (f"every={self.every}" if self.every is not None

@@ -15,13 +15,18 @@ bits on every rank):
    times the mean.
 2. **Inside each host** (``intra_host_swaps`` iterations, batched over hosts): the most loaded
    GPU of every host swaps one expert with another GPU of its host, the same way.
-3. Every swap exchanges two experts between two GPUs. An expert moves at most once, a GPU
-   takes part in at most ``max_moves`` swaps and a pair of GPUs in at most ``pair_cap``: the
-   weight exchange is then one all_to_all with ``pair_cap`` rows per peer (see ``migrate``).
+3. Caps: what travels is decided by the final placement only (each expert goes straight
+   from its first GPU to its last), so a swap is allowed if afterwards no GPU holds more than
+   ``max_moves`` foreign experts and no (first GPU, last GPU) pair carries more than
+   ``pair_cap``: the weight exchange is then one all_to_all with ``pair_cap`` rows per peer
+   (see ``migrate``).
 4. **Choice**: the placement after 0, 1, 2, 4, ... swaps of each stage is planned by the fast
    path on every step of the window. The smallest max GPU load (summed over the steps: noise
-   included) wins; every prefix within ``min_gain`` of it is as good, and among those the fewest cross-host moves, then the
-   fewest moves win (the current placement first: no move unless it pays).
+   included) wins; every prefix within ``min_gain`` of it is as good, and among those the one
+   that copies the fewest weights wins: its moves now plus the replicas the fast path would
+   copy per step over ``horizon`` steps (then fewer cross-host moves, then fewer swaps; the
+   current placement first). Homes that leave the fast path less to do also leave it more
+   room when the routing shifts.
 
 Swaps follow the loads *before* replication; step 4 judges them by the imbalance *left after*
 the fast path, which is what a step pays.
@@ -71,7 +76,7 @@ class HomeReplacer:
                  max_moves: int | None = None, pair_cap: int | None = None,
                  tolerance: float = 0.01, min_gain: float = 0.005,
                  cross_host_swaps: int | None = None, intra_host_swaps: int | None = None,
-                 jit: bool = True):
+                 horizon: int = 16, jit: bool = True):
         E = _int_arg("num_experts", num_experts, 1)
         H = _int_arg("hosts", hosts, 1)
         G = _int_arg("gpus_per_host", gpus_per_host, 1)
@@ -91,6 +96,7 @@ class HomeReplacer:
             if not isinstance(v, (int, float)) or not 0 <= v < 1:
                 raise ValueError(f"topoep: {name} must be a fraction in [0, 1), got {v!r}")
         self.tol, self.gain = int(round(tolerance * _FRAC)), int(round(min_gain * _FRAC))
+        self.horizon = _int_arg("horizon", horizon, 0)
         self.planner = TopoEPPlanner(E, H, G, slots_per_gpu, jit=jit)  # checks slots
         t1, t2 = self.cross_host_swaps, self.intra_host_swaps
         marks = {0, t1, t1 + t2}
@@ -159,7 +165,8 @@ class HomeReplacer:
                 snaps.append(st.la.clone())
         cand = torch.stack(snaps)  # [C, E]
         # judged step by step: a step pays its own max load, noise included
-        maxl = torch.stack([self._fast_path_max(k, steps, c) for c in snaps])  # [C]
+        maxl, reps = (torch.stack(t) for t in zip(*(self._fast_path(k, steps, c)
+                                                    for c in snaps)))  # [C] each
         # as good as the best: within min_gain of the mean GPU load
         slack = (tot * self.gain) // (self.R * _FRAC)
         ok = maxl <= maxl.min() + slack
@@ -169,8 +176,10 @@ class HomeReplacer:
                  ).sum(1)
         cross = (k.row_host.index_select(0, was.view(-1)).view(cand.shape) != k.row_host
                  ).sum(1)
-        c = cand.shape[0]
-        key = torch.where(ok, (cross * (E + 1) + moved) * c + torch.arange(c, device=w.device),
+        c, n = cand.shape[0], steps.shape[0]
+        # weights copied: the moves now, and the fast path's replicas over the horizon
+        cost = moved * n + reps * self.horizon
+        key = torch.where(ok, (cost * (E + 1) + cross) * c + torch.arange(c, device=w.device),
                           _BIG)
         best = key.argmin()
         mean = tot.to(torch.float64).clamp(min=1.0) / self.R
@@ -182,17 +191,17 @@ class HomeReplacer:
                 "imbalance_after": maxl.index_select(0, pick)[0].to(torch.float64) / mean,
                 "candidate": best}
 
-    def _fast_path_max(self, k, steps, la):
-        """Sum over the steps [W, E] of the max GPU load the fast path leaves with experts at
-        rows ``la``. A plan's loads depend only on the experts' totals, so one source row
-        carries them all."""
-        total = None
+    def _fast_path(self, k, steps, la):
+        """Sums over the steps [W, E] of the max GPU load the fast path leaves with experts at
+        rows ``la`` and of the replicas it copies. A plan's loads depend only on the experts'
+        totals, so one source row carries them all."""
+        top = reps = 0
         for i in range(steps.shape[0]):
             counts = k.counts.clone()
             counts[0] = steps[i].index_select(0, la)
-            top = self.planner(counts).load.max()
-            total = top if total is None else total + top
-        return total
+            p = self.planner(counts)
+            top, reps = top + p.load.max(), reps + p.num_replicas()
+        return top, reps
 
     # ------------------------------------------------------------------ swap steps
     def _allowed(self, st, x, y, a, b):
