@@ -10,9 +10,10 @@ How a placement is found (integer tensor arithmetic on fixed shapes, no host syn
 bits on every rank):
 
 1. **Across hosts** (``cross_host_swaps`` iterations, only with several hosts): the most loaded
-   host swaps one of its experts with an expert of another host, the swap that lowers the
-   larger of the two host loads the most; only while that host is above ``1 + tolerance``
-   times the mean.
+   host's most loaded GPU swaps one of its experts with an expert of another host, the swap
+   that lowers the larger of the two host loads the most (taking it from the hottest GPU
+   balances GPUs along with hosts); only while that host is above ``1 + tolerance`` times the
+   mean.
 2. **Inside each host** (``intra_host_swaps`` iterations, batched over hosts): the most loaded
    GPU of every host swaps one expert with another GPU of its host, the same way.
 3. Caps: what travels is decided by the final placement only (each expert goes straight
@@ -68,8 +69,8 @@ class HomeReplacer:
     expert in each step of the window; ``logical_at`` LongTensor [E], the expert at each
     physical row now. Returns a namespace with ``logical_at`` (the new rows), ``moved`` /
     ``cross_host_moved`` (experts whose GPU / host changes), ``imbalance_before`` /
-    ``imbalance_after`` (mean over the window's steps of the max / mean GPU load the fast path
-    leaves) and ``candidate`` (the prefix chosen).
+    ``imbalance_after`` (the max GPU load the fast path leaves, summed over the window's
+    steps, over their summed mean load) and ``candidate`` (the prefix chosen).
     """
 
     def __init__(self, num_experts: int, hosts: int, gpus_per_host: int, slots_per_gpu: int,
