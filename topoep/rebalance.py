@@ -110,7 +110,11 @@ class ReplacementMixin:
         stats (device tensors unless noted): ``moved`` / ``cross_host_moved`` experts,
         ``moved_bytes`` (their weights), ``exchange_bytes`` (int: what this rank's
         all_to_all sent, padding, gradients and optimizer state included), and
-        ``imbalance_before`` / ``imbalance_after`` (the fast path on the window's steps)."""
+        ``imbalance_before`` / ``imbalance_after`` (the fast path on the window's steps).
+
+        Rows keep their tensors and take new contents: with ``ModuleList`` experts the modules
+        this rank holds (the user's own module objects) then hold the experts of their rows,
+        as ``logical_at`` names them; checkpoint the wrapper (its rows and ``logical_at``)."""
         if self.replacer is None:
             raise RuntimeError("topoep: rebalance needs TopoEPMoE(..., replacement="
                                "ReplacementPolicy(...))")
