@@ -2,7 +2,8 @@
 PID and UTS namespaces; jobs launched on them with torchrun and c10d rendezvous.
 
 Where namespaces cannot be made, the harness runs hosts as process groups with HOCCL_HOSTNAME;
-these tests then check what that mode can show and print that they did.
+these tests then check what that mode can show and print that they did. torch is imported inside
+the functions so that ranks of jobs without a process group start without it.
 """
 import os
 import socket
@@ -10,13 +11,13 @@ import subprocess
 import time
 
 import pytest
-import torch
 
 from multihost.hosts import Hosts, HostsError, leftovers
 
 
 def probe(rank, world, marker):
     """Collectives across hosts plus what this rank can see of its host."""
+    import torch
     import torch.distributed as dist
 
     creator = int(os.environ["GROUP_RANK"]) == 0 and int(os.environ["LOCAL_RANK"]) == 0
@@ -46,11 +47,16 @@ def probe(rank, world, marker):
 
 
 def root_links():
-    return set(subprocess.run(["ip", "-o", "link"], capture_output=True, text=True,
-                              timeout=10).stdout.split("\n")) if os.geteuid() == 0 else set()
+    """Names of the machine's own network interfaces."""
+    if os.geteuid() != 0:
+        return set()
+    out = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, timeout=10).stdout
+    return {line.split(":")[1].strip() for line in out.splitlines() if line.strip()}
 
 
 def check_probe(hosts, results, marker):
+    import torch
+
     world = hosts.world
     expected_sum = torch.arange(5, dtype=torch.float64) * world + 10 * sum(range(world))
     expected_gather = torch.tensor([[r, r * r] for r in range(world)])
@@ -184,7 +190,7 @@ def test_links_cut_and_shaped():
 
 def test_process_group_hosts_when_namespaces_are_unavailable():
     """The fallback mode runs the same jobs, and says it is the fallback."""
-    with Hosts(count=2, ranks=[2, 1], isolate=False) as hosts:
+    with Hosts(count=2, ranks=[1, 1], isolate=False) as hosts:
         assert hosts.mode == "process-groups" and "PLAIN PROCESS GROUPS" in hosts.describe()
         marker = f"{hosts.run_id}-probe"
         results = hosts.run_ranks(probe, marker, backend="gloo", pg_timeout=30)
@@ -194,3 +200,29 @@ def test_process_group_hosts_when_namespaces_are_unavailable():
         assert all(o[0] == "error" and "host0" in o[1] and "host1" in o[1] for o in refused)
         run_id = hosts.run_id
     assert leftovers(run_id) == []
+
+
+def blocked_in_all_reduce(rank, world, started_dir):
+    import torch
+    import torch.distributed as dist
+
+    dist.barrier()
+    with open(os.path.join(started_dir, f"rank{rank}"), "w") as f:
+        f.write(str(os.getpid()))
+    if rank == 0:
+        dist.all_reduce(torch.ones(4))  # host 1 never joins: it is killed meanwhile
+    else:
+        time.sleep(120)
+    return rank
+
+
+def test_kill_host_mid_collective(tmp_path):
+    with Hosts(count=2, ranks=[1, 1]) as hosts:
+        job = hosts.start(blocked_in_all_reduce, str(tmp_path), backend="gloo", pg_timeout=20)
+        wait_for_files(tmp_path, hosts.world)
+        hosts.kill_host(1)
+        assert hosts.host_pids(1) == []
+        survivor, lost = job.wait(timeout=60, expect_errors=True)
+        assert survivor[0] == "error", survivor
+        assert lost[0] == "missing", lost
+        print(f"survivor of a killed host raised: {survivor[1].splitlines()[0]}")

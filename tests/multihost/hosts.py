@@ -25,6 +25,7 @@ namespaces even when the body of the `with` raised.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import itertools
 import os
@@ -49,6 +50,8 @@ IFNAME = "eth0"
 RDZV_PORT = 29400
 RUN_ENV = "HOCCL_HOSTS_RUN"      # marks every process of a run, so teardown finds orphans too
 HOST_ENV = "HOCCL_HOSTS_INDEX"   # the host a process belongs to
+JOB_ENV = "HOCCL_HOSTS_JOB_DIR"  # the job a process belongs to; ranks leave results there
+AGENT_GRACE = 5.0                # for torchrun agents to exit once every rank is accounted for
 HOSTS_PY = os.path.abspath(__file__)
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HOSTS_PY)))
 
@@ -122,11 +125,10 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _marked_pids(run_id: str, host: int | None = None) -> list[int]:
-    """Pids whose environment carries this run's marker (and host, when given)."""
+def _marked_pids(run_id: str, **marks) -> list[int]:
+    """Pids whose environment carries this run's marker and every NAME=value in `marks`."""
     want = {f"{RUN_ENV}={run_id}".encode()}
-    if host is not None:
-        want.add(f"{HOST_ENV}={host}".encode())
+    want |= {f"{name}={value}".encode() for name, value in marks.items()}
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
@@ -139,6 +141,20 @@ def _marked_pids(run_id: str, host: int | None = None) -> list[int]:
         if want <= env:
             found.append(int(entry))
     return found
+
+
+def _mount_holders(source: str) -> list[int]:
+    """Pids whose mount table still has a mount whose line contains `source`."""
+    holders = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/mountinfo") as f:
+                    if source in f.read():
+                        holders.append(int(entry))
+            except OSError:
+                pass
+    return holders
 
 
 def _kill_all(pids, timeout=5.0):
@@ -159,6 +175,14 @@ def _is_running(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def _attempt(errors: list[str], what: str, fn, *args):
+    """Run one teardown step; a failure is recorded and the remaining steps still run."""
+    try:
+        fn(*args)
+    except (HostsError, OSError, subprocess.SubprocessError) as exc:
+        errors.append(f"{what}: {exc}")
 
 
 def _tail(path: str, chars: int = 4000) -> str:
@@ -218,6 +242,7 @@ def leftovers(run_id: str) -> list[str]:
     """What of run `run_id` still exists: namespaces, processes, run folders."""
     found = [f"netns {ns}" for ns in _netns_names() if ns.startswith(run_id + "-")]
     found += [f"pid {pid}" for pid in _marked_pids(run_id) if _is_running(pid)]
+    found += [f"/dev/shm tmpfs held by pid {pid}" for pid in _mount_holders(f"{run_id}-shm ")]
     tmp = tempfile.gettempdir()
     found += [f"dir {e}" for e in os.listdir(tmp) if e.startswith(run_id + "-")]
     return found
@@ -339,13 +364,14 @@ class _Namespaces:
         return sorted(os.listdir(f"/proc/{self.inits[h]}/root/dev/shm"))
 
     def destroy(self):
-        errors = []
-        for init in self.inits:  # the kernel kills every process of a PID namespace with its init
-            _kill_all([init])
+        errors: list[str] = []
+        # The kernel kills every process of a PID namespace with its init, and the host's
+        # tmpfs goes with the last process of its mount namespace.
+        _attempt(errors, "killing the host inits", _kill_all, self.inits)
         for proc in self.unshares:
-            _reap(proc)
+            _attempt(errors, f"reaping unshare {proc.pid}", _reap, proc)
         for ns in reversed(self.made):
-            _delete_netns(ns)
+            _attempt(errors, f"deleting {ns}", _delete_netns, ns)
         remaining = [ns for ns in _netns_names() if ns in self.made]
         if remaining:
             errors.append(f"namespaces {remaining} could not be deleted")
@@ -382,7 +408,7 @@ class _ProcessGroups:
         return {"HOCCL_HOSTNAME": self.hosts.names[h]}
 
     def host_pids(self, h):
-        return _marked_pids(self.hosts.run_id, h)
+        return _marked_pids(self.hosts.run_id, **{HOST_ENV: h})
 
     def kill_host(self, h):
         _kill_all(self.host_pids(h))
@@ -398,8 +424,10 @@ class _ProcessGroups:
         return sorted(os.listdir("/dev/shm"))  # one /dev/shm shared by every host
 
     def destroy(self):
-        _kill_all(_marked_pids(self.hosts.run_id))
-        return []
+        errors: list[str] = []
+        _attempt(errors, "killing the hosts' processes", _kill_all,
+                 _marked_pids(self.hosts.run_id))
+        return errors
 
 
 # ----------------------------------------------------------------------------- jobs
@@ -415,7 +443,7 @@ class Job:
         self.worker = worker
         self.dir = os.path.join(hosts.dir, f"job{index}")
         os.makedirs(self.dir)
-        self.started = time.monotonic()
+        self.lost_hosts: set[int] = set()   # hosts killed while this job ran
         endpoint = hosts._fabric.rdzv_endpoint(index)
         self.procs = []
         for h in range(hosts.count):
@@ -429,7 +457,7 @@ class Job:
                     "--monitor-interval", "0.1"] + tail
             job_env = hosts.env_for(h)
             job_env.update(env or {})
-            job_env["HOCCL_HOSTS_JOB_DIR"] = self.dir
+            job_env[JOB_ENV] = self.dir
             self.procs.append(_spawn(hosts._fabric.command(h, argv), job_env, self.log_path(h)))
 
     def log_path(self, h):
@@ -442,8 +470,8 @@ class Job:
         return any(p.poll() is None for p in self.procs)
 
     def kill(self):
-        for h in range(self.hosts.count):
-            self.hosts.kill_host(h)
+        """SIGKILL every process of this job on every host."""
+        _kill_all(_marked_pids(self.hosts.run_id, **{JOB_ENV: self.dir}))
         for p in self.procs:
             _reap(p)
 
@@ -456,15 +484,15 @@ class Job:
         """
         budget = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + budget
-        for p in self.procs:
-            try:
-                p.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
+        while not self._accounted_for():
+            if time.monotonic() > deadline:
                 self.kill()
                 missing = [r for r in range(self.hosts.world) if not self._has_result(r)]
                 raise TimeoutError(
                     f"job {self.index} on {self.hosts.count} hosts did not finish within "
-                    f"{budget}s; ranks without a result: {missing}\n{self._logs_tail()}") from None
+                    f"{budget}s; ranks without a result: {missing}\n{self._logs_tail()}")
+            time.sleep(0.05)
+        self._stop_agents()
         results = RankResults([], self.hosts.mode, [p.returncode for p in self.procs],
                               [self.log(h) for h in range(self.hosts.count)])
         if not self.worker:
@@ -475,6 +503,22 @@ class Job:
         for rank in range(self.hosts.world):
             results.append(self._rank_value(rank, expect_errors))
         return results
+
+    def _accounted_for(self) -> bool:
+        if not self.running():
+            return True
+        return self.worker and all(self._has_result(r) or self.hosts.host_of(r) in self.lost_hosts
+                                   for r in range(self.hosts.world))
+
+    def _stop_agents(self):
+        # torchrun's agents wait at an exit barrier for every other agent (300 s, not
+        # configurable), which never completes once a host has been killed.
+        deadline = time.monotonic() + AGENT_GRACE
+        for p in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(max(0.0, deadline - time.monotonic()))
+        if self.running():
+            self.kill()
 
     def _has_result(self, rank):
         return os.path.exists(os.path.join(self.dir, f"rank{rank}.pkl"))
@@ -572,15 +616,12 @@ class Hosts:
 
     def close(self):
         """Kill every process of the run, delete its namespaces and folder; idempotent."""
+        errors: list[str] = []
         for job in self._jobs:
-            for p in job.procs:
-                if p.poll() is None:
-                    p.kill()
-        errors = self._fabric.destroy() if self._fabric is not None else []
-        _kill_all(_marked_pids(self.run_id))
-        for job in self._jobs:
-            for p in job.procs:
-                _reap(p)
+            _attempt(errors, f"killing job {job.index}", job.kill)
+        if self._fabric is not None:
+            errors += self._fabric.destroy()
+        _attempt(errors, "killing leftover processes", _kill_all, _marked_pids(self.run_id))
         self._jobs.clear()
         self._fabric = None
         if self.dir:
@@ -680,11 +721,15 @@ class Hosts:
         return job.wait(expect_errors=expect_errors)
 
     # -- hosts
+    def command(self, h: int, argv: list[str]) -> list[str]:
+        """argv wrapped to run on host h; start it with env=hosts.env_for(h)."""
+        return self._fabric.command(h, list(argv))
+
     def exec(self, h: int, argv: list[str], timeout: float = STEP_TIMEOUT,
              check: bool = True) -> subprocess.CompletedProcess:
         """Run a command on host h (inside its namespaces, with its environment)."""
         try:
-            proc = subprocess.run(self._fabric.command(h, list(argv)), env=self.env_for(h),
+            proc = subprocess.run(self.command(h, argv), env=self.env_for(h),
                                   capture_output=True, text=True, timeout=timeout,
                                   stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
@@ -695,7 +740,13 @@ class Hosts:
         return proc
 
     def kill_host(self, h: int):
-        """SIGKILL every process of host h (its torchrun and all its ranks), like a host dying."""
+        """SIGKILL every process of host h (its torchrun and all its ranks), like a host dying.
+
+        Running jobs stop waiting for that host's ranks; they come back as ("missing", log).
+        """
+        for job in self._jobs:
+            if job.running():
+                job.lost_hosts.add(h)
         self._fabric.kill_host(h)
 
     def host_pids(self, h: int) -> list[int]:
@@ -740,6 +791,21 @@ def _init_main(name, hosts_file, ready, run_id):
             time.sleep(0.2)
 
 
+def _run_in_group(fn, rank, args, backend, pg_timeout):
+    import torch
+    import torch.distributed as dist
+    from datetime import timedelta
+
+    torch.set_num_threads(1)
+    if "hoccl" in backend:
+        import hoccl_backend  # noqa: F401  (registers "hoccl")
+    dist.init_process_group(backend, timeout=timedelta(seconds=pg_timeout))
+    value = fn(rank, int(os.environ["WORLD_SIZE"]), *args)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return value
+
+
 def _worker_main(spec):
     """One rank under torchrun: run the job's function, leave the outcome for the harness."""
     rank = int(os.environ["RANK"])
@@ -747,25 +813,17 @@ def _worker_main(spec):
     try:
         with open(spec, "rb") as f:
             fn, args, backend, pg_timeout = pickle.load(f)
-        import torch
-        import torch.distributed as dist
-        from datetime import timedelta
-
-        torch.set_num_threads(1)
-        if backend is not None:
-            if "hoccl" in backend:
-                import hoccl_backend  # noqa: F401  (registers "hoccl")
-            dist.init_process_group(backend, timeout=timedelta(seconds=pg_timeout))
-        value = fn(rank, int(os.environ["WORLD_SIZE"]), *args)
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        if backend is None:  # torch is not imported for jobs that do not need it
+            value = fn(rank, int(os.environ["WORLD_SIZE"]), *args)
+        else:
+            value = _run_in_group(fn, rank, args, backend, pg_timeout)
         record.update(status="ok", value=value)
     except BaseException as exc:  # noqa: BLE001 - every failure goes back to the test
         record.update(status="error", text=f"{type(exc).__name__}: {exc}\n"
                                            f"{traceback.format_exc()}")
     # Exit 0 even after an error: torchrun would otherwise kill this host's other ranks before
     # they report their own errors.
-    out = os.path.join(os.environ["HOCCL_HOSTS_JOB_DIR"], f"rank{rank}.pkl")
+    out = os.path.join(os.environ[JOB_ENV], f"rank{rank}.pkl")
     with open(out + ".tmp", "wb") as f:
         pickle.dump(record, f)
     os.replace(out + ".tmp", out)
