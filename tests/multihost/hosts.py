@@ -5,6 +5,13 @@
     with Hosts(count=2, ranks=[2, 2]) as hosts:
         results = hosts.run_ranks(fn, arg, backend="gloo")   # fn(rank, world, arg) on every rank
 
+Jobs: `run_ranks` (start + wait), `start` -> Job (`wait`, `kill`, `running`, `log`),
+`start_script` for a training script. Hosts: `names`, `addr`, `ifname`, `ranks_of`, `host_of`,
+`exec`, `command`/`env_for`, `kill_host`, `host_pids`, `cut_link`/`restore_link`, `link_bytes`,
+`shm_files`, `mode`/`isolated`/`describe`, `leftovers`. Each host h holds ranks
+`ranks_of(h)`: torchrun's agents number nodes in host order and give a node's ranks
+consecutively, uneven counts per host included.
+
 Isolated mode (root, iproute2 and util-linux present): every host is its own network namespace
 with one interface, `eth0`, a veth whose other end sits on a bridge in one more namespace.
 Addresses are 10.77.0.(100+h)/24 and exist only inside these namespaces; no route leads out.
@@ -349,9 +356,6 @@ class _Namespaces:
                 pass
         return pids
 
-    def kill_host(self, h):
-        _kill_all(self.host_pids(h))
-
     def link_bytes(self, h):
         stats = f"/proc/{self.inits[h]}/root/sys/class/net/{IFNAME}/statistics"
         with open(f"{stats}/tx_bytes") as tx, open(f"{stats}/rx_bytes") as rx:
@@ -409,9 +413,6 @@ class _ProcessGroups:
 
     def host_pids(self, h):
         return _marked_pids(self.hosts.run_id, **{HOST_ENV: h})
-
-    def kill_host(self, h):
-        _kill_all(self.host_pids(h))
 
     def link_bytes(self, h):
         return None
@@ -747,7 +748,7 @@ class Hosts:
         for job in self._jobs:
             if job.running():
                 job.lost_hosts.add(h)
-        self._fabric.kill_host(h)
+        _kill_all(self._fabric.host_pids(h))
 
     def host_pids(self, h: int) -> list[int]:
         """Pids (as this process sees them) of every job process on host h."""
