@@ -63,14 +63,8 @@ if os.path.exists(os.path.join("cuda", "python", "varipath_bindings.cpp")):
         )
     )
 
+# Name, version, packages, dependencies and the torch.backends entry point are in pyproject.toml.
 setup(
-    name="hoccl",
-    version="0.1.0",
-    description="hoccl: a copy-engine-driven torch.distributed backend with VarioPath alltoallv and TopoEP",
-    packages=find_packages(include=["hoccl_backend*", "varipath*", "topoep*"]),
-    package_data={"varipath": ["data/*"]},
     ext_modules=ext_modules,
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
-    entry_points={"torch.backends": ["hoccl = hoccl_backend._autoload:autoload"]},
-    python_requires=">=3.9",
 )

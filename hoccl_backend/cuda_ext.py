@@ -1,13 +1,10 @@
 """Access to hoccl's CUDA pieces (driver loader, copy-path choice, reduction kernel, test hooks).
 
-They live in the compiled core `hoccl_backend._C`. Until the core's bindings call `bindCuda(m)`,
-the same shared object exports them as a second module init (`_C_cuda`), loaded here from _C's
-file; afterwards `_C` itself has them and is returned.
+They are bound into the compiled core `hoccl_backend._C` (cuda/python/cuda_bindings.cpp), on
+CPU-only builds too: there they report that CUDA is not compiled in.
 """
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 from types import ModuleType
 
 _cached: ModuleType | None = None
@@ -22,18 +19,10 @@ def cuda_module() -> ModuleType:
 
     from hoccl_backend import _C
 
-    if hasattr(_C, "cuda_driver_status"):
-        _cached = _C
-        return _C
-    name = "hoccl_backend._C_cuda"
-    loader = importlib.machinery.ExtensionFileLoader(name, _C.__file__)
-    spec = importlib.util.spec_from_file_location(name, _C.__file__, loader=loader)
-    if spec is None:
-        raise ImportError(f"cannot load {name} from {_C.__file__}")
-    mod = importlib.util.module_from_spec(spec)
-    loader.exec_module(mod)
-    _cached = mod
-    return mod
+    if not hasattr(_C, "cuda_driver_status"):
+        raise ImportError(f"{_C.__file__} has no CUDA bindings: rebuild hoccl (bash scripts/install.sh)")
+    _cached = _C
+    return _C
 
 
 def built_with_cuda() -> bool:

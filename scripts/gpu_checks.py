@@ -1,8 +1,17 @@
 #!/usr/bin/env python3
 """GPU-machine checks of the cuda-ce transport, run by scripts/gpu_check.sh.
 
-    python scripts/gpu_checks.py profile   [--world 2]   # zero-SM proof with torch.profiler
-    python scripts/gpu_checks.py bandwidth [--world 2]   # copy-engine path vs raw cudaMemcpyAsync
+    python3 scripts/gpu_checks.py probe                   # what the runtime allows, item by item
+    python3 scripts/gpu_checks.py profile   [--world 2]   # zero kernels in the torch profiler
+    python3 scripts/gpu_checks.py bandwidth [--world 2]   # copy-engine path vs raw cudaMemcpyAsync
+
+`probe` needs no CUDA build of torch: it drives hoccl's own driver table (raw-pointer hooks), so
+it runs against the CPU driver model too (HOCCL_LIBCUDA). Each item runs in 2 real processes under
+a host-side deadline and reports OK, or the failing call with its CUresult name:
+  register    cuMemHostRegister (device-mapped) of a /dev/shm mapping in every process
+  stream_flag a cuStreamWriteValue32 in one process releasing a cuStreamWaitValue32 in another
+              (host-path all_gather: its READY/DONE flags live in that shared memory)
+  ipc_copy    cuIpcGetMemHandle / cuIpcOpenMemHandle and a copy through the mapping (p2p path)
 
 Collectives go through torch.distributed (backend "hoccl") when the core accepts CUDA tensors,
 else through the cuda-ce reference collectives (_C _CeGroup: all_gather, all_to_all,
@@ -163,16 +172,91 @@ def _rank_bandwidth(rank, world, mbytes):
                   f"{t_raw * 1e3:.2f} ms, ratio {ratio:.2f} (floor 0.90); route {route}"]
 
 
+def _probe_item(name, fn):
+    import time
+
+    t0 = time.monotonic()
+    try:
+        detail = fn()
+        return f"OK   {name} ({(time.monotonic() - t0) * 1e3:.0f} ms){': ' + detail if detail else ''}"
+    except Exception as e:  # noqa: BLE001 - every failure is a result to report
+        return f"FAIL {name} ({(time.monotonic() - t0) * 1e3:.0f} ms): {type(e).__name__}: {e}"
+
+
+def _rank_probe(rank, world, deadline_s):
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    from cuda_test_utils import RawDevice
+    from hoccl_backend import cuda_ext
+
+    m = cuda_ext.cuda_module()
+    store = dist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), world, rank == 0,
+                          timeout=timedelta(seconds=deadline_s))
+    timeout_ms = int(deadline_s * 1000)
+    dev = RawDevice()
+    groups = {}
+
+    def register():
+        groups["host"] = m._CeGroup(store, "probe_host", rank, world, 0, 1 << 20, reduce_on="host", path="host",
+                                    timeout_ms=timeout_ms)
+        return "shared staging and flag regions page-locked and device-mapped"
+
+    def gather(path):
+        n = 1 << 18
+        x = dev.put(torch.full((n,), float(rank + 1)))
+        out = dev.alloc(world * n * 4)
+        g = groups[path]
+        g.all_gather_raw(out, x, n * 4, dev.stream)
+        g.synchronize(deadline_s)  # host-side deadline: reports unsatisfied flags instead of hanging
+        got = dev.get(out, world * n, torch.float32)
+        want = torch.cat([torch.full((n,), float(r + 1)) for r in range(world)])
+        if not torch.equal(got, want):
+            raise AssertionError("wrong data after the collective")
+        return g.paths()
+
+    def ipc():
+        groups["p2p"] = m._CeGroup(store, "probe_p2p", rank, world, 0, 1 << 20, reduce_on="host", path="p2p",
+                                   timeout_ms=timeout_ms)
+        return gather("p2p")
+
+    lines = [f"rank {rank}: driver {m.cuda_driver_status()}"]
+    lines.append(f"rank {rank}: " + _probe_item("register", register))
+    if "host" in groups:
+        lines.append(f"rank {rank}: " + _probe_item("stream_flag", lambda: gather("host")))
+    lines.append(f"rank {rank}: " + _probe_item("ipc_copy", ipc))
+    return all(ln.split(": ", 1)[1].startswith("OK") for ln in lines[1:]), lines
+
+
+def probe(deadline_s: float) -> int:
+    from dist_utils import run_ranks
+    from hoccl_backend import cuda_ext
+
+    err = cuda_ext.cuda_module().cuda_driver_error()  # the first CUDA call: dlopen + cuInit
+    if err:
+        print(f"FAIL driver: {err}")
+        return 3
+    res = run_ranks(_rank_probe, 2, deadline_s, backend=None, timeout=deadline_s * 4 + 30)
+    for _, lines in res:
+        print("\n".join(lines))
+    return 0 if all(ok for ok, _ in res) else 1
+
+
 def main(argv=None) -> int:
     import torch
 
     from dist_utils import run_ranks
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("check", choices=["profile", "bandwidth"])
+    ap.add_argument("check", choices=["probe", "profile", "bandwidth"])
+    ap.add_argument("--deadline", type=float, default=10.0, help="probe: seconds per wait")
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--mbytes", type=float, default=256.0)
     args = ap.parse_args(argv)
+    if args.check == "probe":
+        return probe(args.deadline)
     if not torch.cuda.is_available():
         print("SKIP: no CUDA device", file=sys.stderr)
         return 2

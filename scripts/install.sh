@@ -4,6 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+# pip's warning about running as root is noise in CI logs; silencing it here, instead of
+# filtering pip's output, keeps pip's exit status (a failed build must fail this script: a
+# stale extension from an earlier build would otherwise pass the import check below).
+export PIP_ROOT_USER_ACTION=ignore
 
 need() { ! $PY -c "import $1" >/dev/null 2>&1; }
 if need torch; then
@@ -15,6 +19,15 @@ for mod in ninja numpy scipy networkx pytest; do need "$mod" && missing+=("$mod"
 if [ ${#missing[@]} -gt 0 ]; then $PY -m pip install -q "${missing[@]}"; fi
 if need expecttest; then $PY -m pip install -q expecttest || true; fi   # torch's conformance suite
 if need matplotlib; then $PY -m pip install -q matplotlib || true; fi   # --plot only
+# Without build isolation the build uses this environment's setuptools: it needs one with
+# editable wheels (64+; Python 3.12+ venvs have none at all), and before 70.1 setuptools takes
+# bdist_wheel from the separate `wheel` package (Python 3.11's venvs ship 65.5 without it).
+if ! $PY -c "import setuptools, sys; sys.exit(int(setuptools.__version__.split('.')[0]) < 64)" >/dev/null 2>&1; then
+  $PY -m pip install -q "setuptools>=64"
+fi
+if ! $PY -c "import setuptools.command.bdist_wheel" >/dev/null 2>&1 && need wheel; then
+  $PY -m pip install -q wheel
+fi
 # Build against the installed torch (no build isolation: the extension must match its ABI).
-MAX_JOBS=${MAX_JOBS:-2} $PY -m pip install -q --no-build-isolation --no-deps -e . 2>&1 | grep -v "Running pip as the 'root'" || true
+MAX_JOBS=${MAX_JOBS:-2} $PY -m pip install -q --no-build-isolation --no-deps -e .
 $PY -c "import torch, hoccl_backend; hoccl_backend.load_extension()"

@@ -47,6 +47,12 @@ def exact_reduce(srcs: list[torch.Tensor], op: str, factor: float = 1.0) -> torc
             acc = torch.where(s < acc, s, acc)
         elif op == "max":
             acc = torch.where(acc < s, s, acc)
+        elif op == "band":
+            acc = acc & s
+        elif op == "bor":
+            acc = acc | s
+        elif op == "bxor":
+            acc = acc ^ s
         else:
             raise ValueError(op)
     out = acc.to(dtype)
@@ -58,3 +64,111 @@ def exact_reduce(srcs: list[torch.Tensor], op: str, factor: float = 1.0) -> torc
     elif op == "premul_sum":
         out = (out.to(acc_t) * torch.tensor(factor, dtype=acc_t)).to(dtype)
     return out
+
+
+# ---- the CPU model of the CUDA driver (tests/cuda_model) -------------------------------------
+
+MODEL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda_model")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def cuda_include_dir() -> str | None:
+    """Where cuda.h is (the same search as setup.py), or None."""
+    for root in (os.environ.get("CUDA_HOME"), "/usr/local/cuda", "/usr"):
+        if root and os.path.exists(os.path.join(root, "include", "cuda.h")):
+            return os.path.join(root, "include")
+    return None
+
+
+def build_cuda_model() -> str:
+    """Compiles tests/cuda_model/*.cpp into a driver library (cached by source hash under the
+    temp dir) and returns its path; raises RuntimeError with the compiler output on failure."""
+    import fcntl
+    import hashlib
+    import glob
+    import shutil
+    import subprocess
+    import tempfile
+
+    inc = cuda_include_dir()
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if inc is None or cxx is None:
+        raise RuntimeError(f"cannot build the CUDA driver model: cuda.h at {inc}, C++ compiler {cxx}")
+    sources = sorted(glob.glob(os.path.join(MODEL_DIR, "*.cpp")))
+    deps = sources + sorted(glob.glob(os.path.join(MODEL_DIR, "*.h"))) + [
+        os.path.join(ROOT, "cuda", "transport", "ce", "kernels", "reduce_args.h"), os.path.join(inc, "cuda.h")]
+    h = hashlib.sha256()
+    for path in deps:
+        with open(path, "rb") as f:
+            h.update(f.read())
+    out_dir = os.path.join(tempfile.gettempdir(), "hoccl_cuda_model", h.hexdigest()[:16])
+    lib = os.path.join(out_dir, "libcuda_model.so")
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.exists(lib):
+            tmp = lib + f".{os.getpid()}.tmp"
+            cmd = [cxx, "-std=c++17", "-O1", "-g", "-shared", "-fPIC", "-pthread", "-Wall", "-Werror",
+                   "-Wno-unused-parameter", "-I", inc, "-I", os.path.join(ROOT, "cuda"), "-o", tmp, *sources]
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            if r.returncode != 0:
+                raise RuntimeError(f"building the CUDA driver model failed:\n{' '.join(cmd)}\n{r.stderr}")
+            os.replace(tmp, lib)
+    return lib
+
+
+def model_env(lib: str, **extra) -> dict:
+    """Environment that makes hoccl load the model instead of libcuda.so.1."""
+    env = {"HOCCL_LIBCUDA": lib}
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def model_counter(name: str) -> int:
+    """A counter of the driver model loaded in this process (HOCCL_LIBCUDA)."""
+    import ctypes
+
+    lib = ctypes.CDLL(os.environ["HOCCL_LIBCUDA"])
+    lib.hoccl_model_counter.restype = ctypes.c_longlong
+    return int(lib.hoccl_model_counter(name.encode()))
+
+
+def model_set_capture(stream: int, status: int) -> None:
+    import ctypes
+
+    lib = ctypes.CDLL(os.environ["HOCCL_LIBCUDA"])
+    lib.hoccl_model_set_capture(ctypes.c_void_p(stream), ctypes.c_int(status))
+
+
+class RawDevice:
+    """Device memory and one stream of the driver hoccl loaded (a GPU, or the model), through the
+    raw-pointer hooks: needs no CUDA build of torch."""
+
+    def __init__(self):
+        from hoccl_backend import cuda_ext
+
+        self.m = cuda_ext.cuda_module()
+        self.stream = self.m._ce_raw_stream_create()
+        self.live: list[int] = []
+
+    def alloc(self, nbytes: int, fill: int = 0x5A) -> int:
+        p = self.m._ce_raw_alloc(max(1, nbytes))
+        self.m._ce_raw_upload(p, torch.full((max(1, nbytes),), fill, dtype=torch.uint8), self.stream)
+        self.live.append(p)
+        return p
+
+    def put(self, t: torch.Tensor) -> int:
+        p = self.alloc(t.numel() * t.element_size())
+        self.m._ce_raw_upload(p, t.contiguous(), self.stream)
+        return p
+
+    def get(self, p: int, n: int, dtype: torch.dtype) -> torch.Tensor:
+        out = torch.empty(n, dtype=dtype)
+        self.m._ce_raw_download(out, p, self.stream)
+        return out
+
+    def free_all(self):
+        self.m._ce_raw_stream_sync(self.stream)
+        for p in self.live:
+            self.m._ce_raw_free(p)
+        self.live = []

@@ -152,3 +152,40 @@ def test_reduce_on_gpu_needs_the_kernel():
         assert "gpu" in r.stdout
     else:
         assert "RAISED" in r.stdout and "HOCCL_REDUCE_ON=host" in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("call", ["1", "2"])
+def test_gpu_check_dry_run_stops_at_the_first_cuda_call(tmp_path, call):
+    """scripts/gpu_check.sh on a machine without a usable driver: it gets as far as the first CUDA
+    call (the driver stage), fails there naming the library, and runs nothing after it. The build
+    is skipped (the extension under test is already built)."""
+    if not _cuda_header_present():
+        pytest.skip("cuda.h is not installed here, so the extension has no CUDA pieces to check")
+    env = dict(os.environ, HOCCL_GPU_CHECK_SKIP_BUILD="1", HOCCL_LIBCUDA="/nonexistent/libcuda.so.1",
+               OUT=str(tmp_path), PYTHONPATH=ROOT)
+    r = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_check.sh"), call], capture_output=True,
+                       text=True, timeout=240, env=env, cwd=ROOT)
+    log = (tmp_path / f"gpu_check_{call}.log").read_text()
+    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
+    assert "--- extension has CUDA: PASS" in log, log
+    assert "--- driver (first CUDA call): FAIL" in log, log
+    assert "cannot load the CUDA driver library /nonexistent/libcuda.so.1" in r.stdout, r.stdout
+    assert "=== " not in log.split("driver (first CUDA call): FAIL")[1], log  # no stage ran after it
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert len(files) <= 8 and all(len(p.relative_to(tmp_path).parts) <= 3 for p in files), files
+
+
+def test_gpu_check_probe_runs_on_the_driver_model():
+    """The probe of call 1 against the CPU driver model: every item reports OK, so the probe's own
+    logic (registration, cross-process stream flags, IPC copy, deadlines) is exercised in CI."""
+    if not _cuda_header_present():
+        pytest.skip("cuda.h is not installed here, so the extension has no CUDA pieces to check")
+    from cuda_test_utils import build_cuda_model
+
+    env = dict(os.environ, HOCCL_LIBCUDA=build_cuda_model(), PYTHONPATH=ROOT)
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gpu_checks.py"), "probe", "--deadline", "10"],
+                       capture_output=True, text=True, timeout=180, env=env, cwd=ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for rank in (0, 1):
+        for item in ("register", "stream_flag", "ipc_copy"):
+            assert f"rank {rank}: OK   {item}" in r.stdout, r.stdout

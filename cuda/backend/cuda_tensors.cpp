@@ -79,10 +79,21 @@ void* ProcessGroupHOCCL::ceGroup(c10::Device device) {
 #endif
 }
 
+// CUDA graph capture is refused here, on the caller's thread and before the comm stream waits on
+// the caller's (capturing) stream: that wait would join the comm stream into the capture, and the
+// user would get an unjoined-capture error from capture_end instead of hoccl's reason.
+static void refuseCallerCapture(const c10::Stream& current, const std::string& op) {
+#ifdef HOCCL_WITH_CUDA
+  cu::ContextGuard ctx(current.device_index());
+  ceRefuseCapture(reinterpret_cast<CUstream>(current.native_handle()), op.c_str());
+#endif
+}
+
 // Shared prologue: order the comm stream after the caller's stream and keep tensors alive.
-static c10::Stream orderAfterCaller(c10::Stream comm, const std::vector<at::Tensor>& tensors) {
+static c10::Stream orderAfterCaller(c10::Stream comm, const std::vector<at::Tensor>& tensors, const std::string& op) {
   c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
   c10::Stream current = impl.getStream(comm.device());
+  refuseCallerCapture(current, op);
   c10::Event ready(c10::DeviceType::CUDA);
   ready.record(current);
   ready.block(comm);
@@ -98,7 +109,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::enqueueCuda(c10d::OpType type,
   c10::Stream comm = commStream(device);
   std::vector<at::Tensor> all = inputs;
   all.insert(all.end(), outputs.begin(), outputs.end());
-  orderAfterCaller(comm, all);
+  orderAfterCaller(comm, all, c10d::opTypeToString(type));
   auto work = c10::make_intrusive<WorkHOCCL>(rank_, type, outputs);
   work->setCommStream(comm);
   auto end = std::make_shared<c10::Event>(c10::DeviceType::CUDA);
@@ -192,7 +203,7 @@ std::optional<c10::intrusive_ptr<c10d::Work>> ProcessGroupHOCCL::tryCuda(
 
 at::Tensor ProcessGroupHOCCL::cudaHostMirror(const at::Tensor& t, bool copyIn) {
   c10::Stream comm = commStream(t.device());
-  orderAfterCaller(comm, {t});
+  orderAfterCaller(comm, {t}, copyIn ? "send" : "recv");
   at::Tensor host = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true));
   if (copyIn) {
     c10::StreamGuard guard(comm);

@@ -1,6 +1,8 @@
 // Python face of the CUDA pieces: status/diagnostics that work everywhere, plus thin test hooks
-// (_ce_reduce, _CeGroup) that drive the primitives on raw CUDA tensors. The core registers them
-// with one call, bindCuda(m), from its PYBIND11_MODULE.
+// (_ce_reduce, _CeGroup) that drive the primitives on CUDA tensors, and raw-pointer hooks
+// (_ce_raw_*, _CeGroup.*_raw) that need no CUDA build of torch: device memory, streams and
+// copies go through the dlopen'ed driver, so the same tests run on a GPU and on a CPU model of
+// the driver (HOCCL_LIBCUDA). The core registers them with one call, bindCuda(m).
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -58,6 +60,101 @@ void checkCuda(const at::Tensor& t, const char* what) {
 CUdeviceptr ptrOf(const at::Tensor& t) { return reinterpret_cast<CUdeviceptr>(t.data_ptr()); }
 CUstream asStream(uint64_t s) { return reinterpret_cast<CUstream>(static_cast<uintptr_t>(s)); }
 
+void checkHost(const at::Tensor& t, const char* what) {
+  TORCH_CHECK(t.device().is_cpu() && t.is_contiguous(), "hoccl: ", what, " must be a contiguous CPU tensor");
+}
+
+std::unique_ptr<CeGroup> makeGroup(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix, int rank,
+                                   int world, int device, size_t slotBytes, const std::string& reduceOn,
+                                   const std::string& path, uint32_t firstSeq, int64_t timeoutMs) {
+  auto opts = CeGroupOptions::fromEnv();
+  if (slotBytes) opts.slotBytes = slotBytes;
+  if (reduceOn == "host") opts.reduceOn = ReduceOn::Host;
+  else if (reduceOn == "gpu") opts.reduceOn = ReduceOn::Gpu;
+  else if (!reduceOn.empty()) throw py::value_error("reduce_on must be '', 'gpu' or 'host'");
+  if (!path.empty()) opts.pathMode = parseCePathMode(path);
+  opts.firstSeq = firstSeq;
+  if (timeoutMs > 0) opts.timeout = std::chrono::milliseconds(timeoutMs);
+  return std::make_unique<CeGroup>(store, prefix, rank, world, device, opts);
+}
+
+// Raw hooks: driver calls under the device's primary context, GIL released while they block.
+uint64_t rawStreamCreate(int device) {
+  py::gil_scoped_release nogil;
+  cu::ContextGuard guard(device);
+  CUstream s = nullptr;
+  cu::check(cu::driver().cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  return reinterpret_cast<uintptr_t>(s);
+}
+
+uint64_t rawAlloc(size_t bytes, int device) {
+  cu::ContextGuard guard(device);
+  CUdeviceptr p = 0;
+  cu::check(cu::driver().cuMemAlloc(&p, bytes), "cuMemAlloc");
+  return p;
+}
+
+// Stream-ordered H2D of a CPU tensor's bytes (pageable: the driver stages them before returning).
+void rawUpload(uint64_t dst, const at::Tensor& src, uint64_t stream, int device) {
+  checkHost(src, "source");
+  py::gil_scoped_release nogil;
+  cu::ContextGuard guard(device);
+  cu::check(cu::driver().cuMemcpyHtoDAsync(dst, src.data_ptr(), src.nbytes(), asStream(stream)), "cuMemcpyHtoDAsync");
+}
+
+// D2H into a CPU tensor after the stream's earlier work (pageable: returns once copied).
+void rawDownload(const at::Tensor& dst, uint64_t src, uint64_t stream, int device) {
+  checkHost(dst, "destination");
+  py::gil_scoped_release nogil;
+  cu::ContextGuard guard(device);
+  cu::check(cu::driver().cuMemcpyDtoHAsync(dst.data_ptr(), src, dst.nbytes(), asStream(stream)), "cuMemcpyDtoHAsync");
+  cu::check(cu::driver().cuStreamSynchronize(asStream(stream)), "cuStreamSynchronize");
+}
+
+void rawReduce(uint64_t dst, const std::vector<uint64_t>& srcs, int64_t count, const at::Tensor& like,
+               const std::string& op, double factor, int world, uint64_t stream, int ctas, int device) {
+  RedOp r = parseOp(op);
+  std::string why = checkReducible(like.scalar_type(), r);
+  TORCH_CHECK(why.empty(), "hoccl: ", why);
+  std::vector<CUdeviceptr> ptrs(srcs.begin(), srcs.end());
+  py::gil_scoped_release nogil;
+  cu::ContextGuard guard(device);
+  ReduceKernel k(device, ctas);
+  k.launch(asStream(stream), dst, ptrs, count, like.scalar_type(), r, factor, world, true);
+  cu::check(cu::driver().cuStreamSynchronize(asStream(stream)), "cuStreamSynchronize");
+}
+
+void bindRaw(py::module& m) {
+  m.def("_ce_raw_stream_create", &rawStreamCreate, py::arg("device") = 0, "Test hook: cuStreamCreate (as int).");
+  m.def(
+      "_ce_raw_stream_sync",
+      [](uint64_t s) {
+        py::gil_scoped_release nogil;
+        cu::check(cu::driver().cuStreamSynchronize(asStream(s)), "cuStreamSynchronize");
+      },
+      py::arg("stream"));
+  m.def(
+      "_ce_raw_stream_destroy", [](uint64_t s) { cu::check(cu::driver().cuStreamDestroy(asStream(s)), "cuStreamDestroy"); },
+      py::arg("stream"));
+  m.def("_ce_raw_alloc", &rawAlloc, py::arg("bytes"), py::arg("device") = 0, "Test hook: cuMemAlloc (as int).");
+  m.def(
+      "_ce_raw_free",
+      [](uint64_t p, int device) {
+        cu::ContextGuard guard(device);
+        cu::check(cu::driver().cuMemFree(p), "cuMemFree");
+      },
+      py::arg("ptr"), py::arg("device") = 0);
+  m.def("_ce_raw_upload", &rawUpload, py::arg("dst"), py::arg("src"), py::arg("stream"), py::arg("device") = 0);
+  m.def("_ce_raw_download", &rawDownload, py::arg("dst"), py::arg("src"), py::arg("stream"), py::arg("device") = 0);
+  m.def("_ce_raw_reduce", &rawReduce, py::arg("dst"), py::arg("srcs"), py::arg("count"), py::arg("like"),
+        py::arg("op"), py::arg("factor") = 1.0, py::arg("world") = 1, py::arg("stream") = 0, py::arg("ctas") = 4,
+        py::arg("device") = 0, "Test hook: one (chained) reduction on raw device pointers, then a stream sync.");
+  m.def(
+      "_ce_raw_refuse_capture",
+      [](uint64_t s, const std::string& op) { ceRefuseCapture(asStream(s), op.c_str()); }, py::arg("stream"),
+      py::arg("op"), "Test hook: the graph-capture check the process group runs on the caller's stream.");
+}
+
 // Test hook: one reduction kernel launch on `stream`, dst = op(srcs) in list order.
 void ceReduce(const at::Tensor& dst, const std::vector<at::Tensor>& srcs, const std::string& op, double factor,
               int world, uint64_t stream, int ctas) {
@@ -113,14 +210,9 @@ void bindCuda(py::module& m) {
         py::arg("world") = 1, py::arg("stream") = 0, py::arg("ctas") = 4,
         "Test hook: launch the bounded reduction kernel on `stream` (a cudaStream_t as int).");
   py::class_<CeGroup>(m, "_CeGroup", "Reference cuda-ce collectives on raw CUDA tensors (tests, benchmarks).")
-      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix, int rank, int world,
-                       int device, size_t slotBytes) {
-             auto opts = CeGroupOptions::fromEnv();
-             if (slotBytes) opts.slotBytes = slotBytes;
-             return std::make_unique<CeGroup>(store, prefix, rank, world, device, opts);
-           }),
-           py::arg("store"), py::arg("prefix"), py::arg("rank"), py::arg("world"), py::arg("device"),
-           py::arg("slot_bytes") = 0, py::call_guard<py::gil_scoped_release>())
+      .def(py::init(&makeGroup), py::arg("store"), py::arg("prefix"), py::arg("rank"), py::arg("world"),
+           py::arg("device"), py::arg("slot_bytes") = 0, py::arg("reduce_on") = "", py::arg("path") = "",
+           py::arg("first_seq") = 0, py::arg("timeout_ms") = 0, py::call_guard<py::gil_scoped_release>())
       .def(
           "all_gather",
           [](CeGroup& g, const at::Tensor& out, const at::Tensor& in, uint64_t stream) {
@@ -160,6 +252,39 @@ void bindCuda(py::module& m) {
             g.allReduce(asStream(stream), ptrOf(t), t.numel(), t.scalar_type(), r, factor);
           },
           py::arg("tensor"), py::arg("op") = "sum", py::arg("factor") = 1.0, py::arg("stream") = 0)
+      .def(
+          "all_gather_raw",
+          [](CeGroup& g, uint64_t out, uint64_t in, size_t bytes, uint64_t s) { g.allGather(asStream(s), out, in, bytes); },
+          py::arg("out"), py::arg("inp"), py::arg("bytes"), py::arg("stream"), py::call_guard<py::gil_scoped_release>())
+      .def(
+          "all_to_all_raw",
+          [](CeGroup& g, uint64_t out, uint64_t in, size_t blockBytes, uint64_t s) {
+            g.allToAll(asStream(s), out, in, blockBytes);
+          },
+          py::arg("out"), py::arg("inp"), py::arg("block_bytes"), py::arg("stream"),
+          py::call_guard<py::gil_scoped_release>())
+      .def(
+          "broadcast_raw",
+          [](CeGroup& g, uint64_t buf, size_t bytes, int root, uint64_t s) { g.broadcast(asStream(s), buf, bytes, root); },
+          py::arg("buf"), py::arg("bytes"), py::arg("root"), py::arg("stream"), py::call_guard<py::gil_scoped_release>())
+      .def(
+          "all_reduce_raw",
+          [](CeGroup& g, uint64_t buf, int64_t count, const at::Tensor& like, const std::string& op, double factor,
+             uint64_t s) {
+            RedOp r = parseOp(op);
+            c10::ScalarType dtype = like.scalar_type();
+            py::gil_scoped_release nogil;
+            g.allReduce(asStream(s), buf, count, dtype, r, factor);
+          },
+          py::arg("buf"), py::arg("count"), py::arg("like"), py::arg("op"), py::arg("factor"), py::arg("stream"))
+      .def(
+          "synchronize", [](CeGroup& g, double seconds) { g.synchronize(std::chrono::milliseconds(int64_t(seconds * 1e3))); },
+          py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>(),
+          "Watchdog: wait for the group's last op; on timeout raise naming the unsatisfied flags.")
+      .def("flag_state", &CeGroup::flagState)
+      .def("ipc_mappings", &CeGroup::ipcMappings)
+      .def("ipc_store_keys", &CeGroup::ipcStoreKeys)
       .def("paths", &CeGroup::describePaths);
+  bindRaw(m);
 #endif
 }

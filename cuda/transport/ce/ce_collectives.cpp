@@ -1,10 +1,13 @@
 #include "transport/ce/ce_collectives.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <functional>
 #include <stdexcept>
 #include <thread>
 
 #include "exec/reduce_kernels.h"
+#include "transport/ce/kernels/reduce_args.h"
 
 namespace hoccl {
 
@@ -20,23 +23,38 @@ CeGroupOptions CeGroupOptions::fromEnv() {
 
 namespace {
 
-// Group-wide AND of "all my pairs are p2p": the reference collectives use one path for the whole
-// group, so every rank's staging-publication count stays identical.
-bool groupAllP2P(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix, int world, bool mineP2P,
-                 std::chrono::milliseconds timeout) {
-  store->add(prefix + "/votes", 1);
-  if (!mineP2P) store->add(prefix + "/host_votes", 1);
+// Every rank adds 1 to `key`; returns once all `world` did.
+void storeBarrier(const c10::intrusive_ptr<c10d::Store>& store, const std::string& key, int world, int rank,
+                  std::chrono::milliseconds timeout, const char* what) {
+  store->add(key, 1);
   auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (store->add(prefix + "/votes", 0) < world) {
-    if (std::chrono::steady_clock::now() > deadline) throw std::runtime_error("hoccl: timed out agreeing on the ce path");
+  while (store->add(key, 0) < world) {
+    if (std::chrono::steady_clock::now() > deadline)
+      throw std::runtime_error("hoccl cuda-ce on rank " + std::to_string(rank) + ": timed out " + what);
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
+}
+
+// Group-wide AND of "all my pairs are p2p": the reference collectives use one path for the whole
+// group, so every rank's staging-publication count stays identical.
+bool groupAllP2P(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix, int world, int rank,
+                 bool mineP2P, std::chrono::milliseconds timeout) {
+  if (!mineP2P) store->add(prefix + "/host_votes", 1);
+  storeBarrier(store, prefix + "/votes", world, rank, timeout, "agreeing on the ce path");
   return store->add(prefix + "/host_votes", 0) == 0;
 }
 
+// Ends an op on every path out of it (also when it throws half-way: what was enqueued counts).
+struct OpEnd {
+  std::function<void()> end;
+  ~OpEnd() { end(); }
+};
+
+}  // namespace
+
 // Graph capture would freeze this call's sequence numbers into the graph's memop nodes; on
 // replay the GEQ waits would already be satisfied and ranks would race. Refuse clearly.
-void refuseCapture(CUstream stream, const char* op) {
+void ceRefuseCapture(CUstream stream, const char* op) {
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
   cu::check(cu::driver().cuStreamIsCapturing(stream, &status), "cuStreamIsCapturing");
   if (status != CU_STREAM_CAPTURE_STATUS_NONE)
@@ -45,31 +63,92 @@ void refuseCapture(CUstream stream, const char* op) {
                              "cross-rank flags carry per-call sequence numbers that a replayed graph would reuse)");
 }
 
-}  // namespace
-
 CeGroup::CeGroup(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix, int rank, int world,
                  int device, CeGroupOptions opts)
-    : store_(store), prefix_(prefix), rank_(rank), world_(world), device_(device), opts_(opts) {
+    : store_(store), prefix_(prefix), rank_(rank), world_(world), device_(device), opts_(opts),
+      round_(opts.firstSeq), opSeq_(opts.firstSeq) {
   peers_ = discoverPeers(store, prefix + "/peers", rank, world, device, opts.pathMode, opts.timeout);
   bool mineP2P = true;
   for (int r = 0; r < world; ++r)
     if (r != rank && peers_[r].path != CePath::P2P) mineP2P = false;
-  if (!groupAllP2P(store, prefix + "/path", world, mineP2P, opts.timeout))
+  if (!groupAllP2P(store, prefix + "/path", world, rank, mineP2P, opts.timeout))
     for (auto& p : peers_) p.path = CePath::Host;
   const size_t flagBytes = CeSync::bytesNeeded(world);
-  flagRegion_ = std::make_unique<SharedHostRegion>(store, prefix + "/flags", rank, world, flagBytes * kFlagSets,
-                                                   device, opts.timeout);
-  for (int f = 0; f < kFlagSets; ++f) sync_.push_back(std::make_unique<CeSync>(*flagRegion_, flagBytes * f, rank, world));
+  flagRegion_ = std::make_unique<SharedHostRegion>(store, prefix + "/flags", rank, world,
+                                                   flagBytes * kFlagSets + IpcExchange::bytesNeeded(world), device,
+                                                   opts.timeout);
+  for (int f = 0; f < kFlagSets; ++f) {
+    sync_.push_back(std::make_unique<CeSync>(*flagRegion_, flagBytes * f, rank, world));
+    sync_.back()->hostInit(opts.firstSeq);
+  }
+  ipc_ = std::make_unique<IpcExchange>(store, prefix + "/ipc", rank, world, device, *flagRegion_,
+                                       flagBytes * kFlagSets, opts.firstSeq, opts.timeout);
   staging_ = std::make_unique<HostStaging>(store, prefix + "/stage", rank, world, opts.slotBytes, 2, device,
                                            opts.timeout);
-  ipc_ = std::make_unique<IpcRegistry>(device);
   if (opts.reduceOn == ReduceOn::Gpu) {
     reduce_ = std::make_unique<ReduceKernel>(device, opts.reduceCtas);
     scratch_ = std::make_unique<DeviceBuffer>(staging_->slotBytes() * world, device);
   }
+  cu::ContextGuard guard(device);
+  cu::check(cu::driver().cuEventCreate(&done_, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+  cu::check(cu::driver().cuEventCreate(&streamSync_, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+  // Every rank's flags hold firstSeq before any rank waits on them.
+  storeBarrier(store, prefix + "/init", world, rank, opts.timeout, "waiting for every rank to set up its flags");
 }
 
-CeGroup::~CeGroup() = default;
+CeGroup::~CeGroup() {
+  try {
+    synchronize(opts_.timeout);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s; leaving its host memory registered and mapped, since the stream may still copy "
+                 "into it\n", e.what());
+    ipc_.release();  // NOLINT: deliberately leaked, see above
+    scratch_.release();
+    staging_.release();
+    flagRegion_.release();
+    return;
+  }
+  try {
+    cu::ContextGuard guard(device_);
+    cu::driver().cuEventDestroy(done_);
+    cu::driver().cuEventDestroy(streamSync_);
+  } catch (...) {
+    // Teardown: the driver may already be gone.
+  }
+}
+
+void CeGroup::finishOp(CUstream s) noexcept {
+  cu::driver().cuEventRecord(done_, s);  // a failure here surfaces in the next driver call
+}
+
+void CeGroup::waitForEvent(CUevent e, std::chrono::steady_clock::time_point deadline, const std::string& what) {
+  for (;;) {
+    CUresult r = cu::driver().cuEventQuery(e);
+    if (r == CUDA_SUCCESS) return;
+    if (r != CUDA_ERROR_NOT_READY) cu::check(r, "cuEventQuery");
+    if (std::chrono::steady_clock::now() > deadline)
+      throw std::runtime_error("hoccl cuda-ce on rank " + std::to_string(rank_) + ": " + what + "; " + flagState());
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+void CeGroup::synchronize(std::chrono::milliseconds timeout) {
+  cu::ContextGuard guard(device_);
+  waitForEvent(done_, std::chrono::steady_clock::now() + timeout,
+               "the comm stream has not finished this group's work after " + std::to_string(timeout.count()) + " ms");
+}
+
+std::string CeGroup::flagState() const {
+  static const char* names[kFlagSets] = {"READY", "DONE", "ARM", "DATA"};
+  std::string out;
+  for (int f = 0; f < kFlagSets; ++f) {
+    std::string s = sync_[f]->unsatisfiedWaits(names[f]);
+    if (!s.empty()) out += (out.empty() ? "" : "; ") + s;
+  }
+  return out.empty() ? "no cross-rank wait is unsatisfied (the stream is busy with copies, a kernel, or work "
+                       "it was ordered after)"
+                     : "unsatisfied cross-rank waits: " + out;
+}
 
 std::vector<int> CeGroup::peersOn(CePath path) const {
   std::vector<int> out;
@@ -102,11 +181,11 @@ uint32_t CeGroup::beginRound(CUstream s, bool publish) {
   const uint32_t n = ++round_;
   const int slot = static_cast<int>((n - 1) % 2);
   if (publish) {
-    const uint32_t previous = lastRoundInSlot_[slot];
     auto peers = everyone();
-    if (previous != 0 && !peers.empty())
-      flags(kDone).waitMany(s, peers, std::vector<uint32_t>(peers.size(), previous));
+    if (slotUsed_[slot] && !peers.empty())
+      flags(kDone).waitMany(s, peers, std::vector<uint32_t>(peers.size(), lastRoundInSlot_[slot]));
     lastRoundInSlot_[slot] = n;
+    slotUsed_[slot] = true;
   }
   return n;
 }
@@ -134,7 +213,8 @@ void CeGroup::stageOut(CUstream s, uint32_t round, size_t slotOffset, CUdevicept
 void CeGroup::allGather(CUstream stream, CUdeviceptr out, CUdeviceptr in, size_t bytes) {
   if (bytes == 0) return;
   cu::ContextGuard guard(device_);
-  refuseCapture(stream, "all_gather");
+  ceRefuseCapture(stream, "all_gather");
+  OpEnd end{[&] { finishOp(stream); }};
   if (allP2P()) {
     std::vector<P2PWrite> writes;
     for (int p : everyone()) writes.push_back({p, rank_ * bytes, in, bytes});
@@ -155,7 +235,8 @@ void CeGroup::allGather(CUstream stream, CUdeviceptr out, CUdeviceptr in, size_t
 void CeGroup::allToAll(CUstream stream, CUdeviceptr out, CUdeviceptr in, size_t blockBytes) {
   if (blockBytes == 0) return;
   cu::ContextGuard guard(device_);
-  refuseCapture(stream, "all_to_all");
+  ceRefuseCapture(stream, "all_to_all");
+  OpEnd end{[&] { finishOp(stream); }};
   if (allP2P()) {
     std::vector<P2PWrite> writes;
     for (int p : everyone()) writes.push_back({p, rank_ * blockBytes, in + p * blockBytes, blockBytes});
@@ -178,7 +259,8 @@ void CeGroup::broadcast(CUstream stream, CUdeviceptr buf, size_t bytes, int root
   if (bytes == 0 || world_ == 1) return;
   if (root < 0 || root >= world_) throw std::invalid_argument("hoccl broadcast: root out of range");
   cu::ContextGuard guard(device_);
-  refuseCapture(stream, "broadcast");
+  ceRefuseCapture(stream, "broadcast");
+  OpEnd end{[&] { finishOp(stream); }};
   if (allP2P()) {
     std::vector<P2PWrite> writes;
     if (rank_ == root)
@@ -204,16 +286,15 @@ void CeGroup::broadcast(CUstream stream, CUdeviceptr buf, size_t bytes, int root
 void CeGroup::pushP2P(CUstream s, CUdeviceptr myDst, size_t myDstBytes, const std::vector<P2PWrite>& writes,
                       const std::vector<int>& writers) {
   const uint32_t seq = ++opSeq_;
-  IpcDesc mine = ipc_->describe(myDst, myDstBytes);
-  auto all = exchangeIpc(store_, prefix_ + "/ipc/" + std::to_string(seq), rank_, world_, mine, opts_.timeout);
-  for (int w : writers) flags(kArm).signal(s, w, seq);
   std::vector<int> targets;
   for (const auto& w : writes) targets.push_back(w.peer);
+  auto mapped = ipc_->exchange(seq, myDst, myDstBytes, targets, s);
+  for (int w : writers) flags(kArm).signal(s, w, seq);
   if (!targets.empty()) flags(kArm).waitMany(s, targets, std::vector<uint32_t>(targets.size(), seq));
   for (const auto& w : writes) {
-    if (w.dstOffset + w.bytes > all[w.peer].bytes)
+    if (w.dstOffset + w.bytes > mapped[w.peer].bytes)
       throw std::invalid_argument("hoccl: p2p write past the end of rank " + std::to_string(w.peer) + "'s buffer");
-    ceCopyAsync(s, ipc_->map(w.peer, all[w.peer]) + w.dstOffset, w.src, w.bytes);
+    ceCopyAsync(s, mapped[w.peer].ptr + w.dstOffset, w.src, w.bytes);
   }
   for (int t : targets) flags(kData).signal(s, t, seq);
   if (!writers.empty()) flags(kData).waitMany(s, writers, std::vector<uint32_t>(writers.size(), seq));
@@ -225,7 +306,8 @@ void CeGroup::allReduce(CUstream stream, CUdeviceptr buf, int64_t count, c10::Sc
   std::string why = checkReducible(dtype, op);
   if (!why.empty()) throw std::invalid_argument("hoccl all_reduce: " + why);
   cu::ContextGuard guard(device_);
-  refuseCapture(stream, "all_reduce");
+  ceRefuseCapture(stream, "all_reduce");
+  OpEnd end{[&] { finishOp(stream); }};
   const size_t elem = hoccl::elementSize(dtype);
   const int64_t chunkElems = static_cast<int64_t>(staging_->slotBytes() / elem);
   for (int64_t first = 0; first < count; first += chunkElems) {
@@ -243,10 +325,12 @@ void CeGroup::reduceChunkGpu(CUstream s, CUdeviceptr dst, int64_t count, c10::Sc
   const size_t bytes = count * hoccl::elementSize(dtype);
   std::vector<CUdeviceptr> srcs(world_);
   for (int r = 0; r < world_; ++r) {
-    if (r == rank_) {
+    if (r == rank_ && r < HOCCL_REDUCE_MAX_SRCS) {
       srcs[r] = dst;  // own data never leaves the device
       continue;
     }
+    // A later rank's own data cannot stay in dst: the chained launches overwrite dst with the
+    // running result first. It comes back from this rank's own slot (no flag: same stream).
     srcs[r] = scratch_->ptr(static_cast<size_t>(r) * staging_->slotBytes());
     consume(s, r, round, 0, srcs[r], bytes);
   }
@@ -259,7 +343,9 @@ void CeGroup::hostWaitAll(Flag f, uint32_t seq, const char* what) {
     if (r == rank_) continue;
     if (!flags(f).hostWait(r, seq, deadline))
       throw std::runtime_error(std::string("hoccl ") + what + " on rank " + std::to_string(rank_) +
-                               ": timed out waiting for rank " + std::to_string(r));
+                               ": timed out waiting for rank " + std::to_string(r) + " (its flag holds " +
+                               std::to_string(flags(f).inbound(r)) + ", the host waits for >= " +
+                               std::to_string(seq) + "); " + flagState());
   }
 }
 
@@ -270,7 +356,9 @@ void CeGroup::reduceChunkHost(CUstream s, CUdeviceptr dst, int64_t count, c10::S
                               double factor, uint32_t seq) {
   const auto& api = cu::driver();
   const int slot = static_cast<int>((seq - 1) % 2);
-  cu::check(api.cuStreamSynchronize(s), "cuStreamSynchronize");
+  const auto deadline = std::chrono::steady_clock::now() + opts_.timeout;
+  cu::check(api.cuEventRecord(streamSync_, s), "cuEventRecord");
+  waitForEvent(streamSync_, deadline, "all_reduce: the stream did not reach the host reduction");
   hostWaitAll(kReady, seq, "all_reduce");
   std::vector<const void*> srcs(world_);
   for (int r = 0; r < world_; ++r) srcs[r] = staging_->hostSlot(r, slot);
@@ -280,7 +368,8 @@ void CeGroup::reduceChunkHost(CUstream s, CUdeviceptr dst, int64_t count, c10::S
   postScale(result.data(), count, dtype, op, factor, world_);
   // Pageable source: cuMemcpyHtoDAsync stages it and returns once the buffer may be reused.
   cu::check(api.cuMemcpyHtoDAsync(dst, result.data(), result.size(), s), "cuMemcpyHtoDAsync");
-  cu::check(api.cuStreamSynchronize(s), "cuStreamSynchronize");
+  cu::check(api.cuEventRecord(streamSync_, s), "cuEventRecord");
+  waitForEvent(streamSync_, deadline, "all_reduce: the result copy did not finish");
   for (int r = 0; r < world_; ++r)
     if (r != rank_) flags(kDone).hostSignal(r, seq);
 }

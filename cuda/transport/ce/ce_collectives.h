@@ -26,8 +26,11 @@
 // Threading/streams: a CeGroup is not thread-safe and must be driven from one stream per group
 // (the comm stream): host-mode DONE flags are written by the CPU after synchronising that
 // stream, and an older stream-ordered write on another stream could move a flag backwards.
-// Destroy only after the stream's work finished (it unregisters memory the copies use).
-// CUDA graph capture is refused (see docs/cuda.md).
+// Destruction first waits (up to the timeout) for the work this group enqueued, since it
+// unregisters and unmaps memory those copies target; if that work never finishes, it reports the
+// unsatisfied flags and leaves the memory mapped rather than let the DMA hit freed pages.
+// CUDA graph capture is refused (ceRefuseCapture): the flags carry per-call sequence numbers that
+// a replayed graph would reuse.
 #pragma once
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -37,6 +40,7 @@
 #include <vector>
 
 #include "transport/ce/ce_copy.h"
+#include "transport/ce/ce_ipc.h"
 #include "transport/ce/ce_reduce.h"
 #include "transport/ce/ce_sync.h"
 
@@ -50,8 +54,14 @@ struct CeGroupOptions {
   ReduceOn reduceOn = ReduceOn::Host;
   int reduceCtas = 4;
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  uint32_t firstSeq = 0;  // sequence numbers start after this (tests start near 2^32: wrap-around)
   static CeGroupOptions fromEnv();  // HOCCL_CE_PATH, HOCCL_REDUCE_ON, HOCCL_REDUCE_CTAS
 };
+
+// Throws "hoccl <op>: CUDA graph capture is not supported ..." when `stream` is capturing. Call
+// it on the caller's thread with the caller's stream, before anything joins another stream into
+// the capture.
+void ceRefuseCapture(CUstream stream, const char* op);
 
 class CeGroup {
  public:
@@ -74,6 +84,13 @@ class CeGroup {
   const std::vector<PeerInfo>& peers() const { return peers_; }
   std::string describePaths() const;  // e.g. "0:host 1:p2p"
   int rank() const { return rank_; }
+
+  // Watchdog: waits until the work this group last enqueued has run; after `timeout` throws,
+  // naming each cross-rank wait the host sees unsatisfied (which peer, which value).
+  void synchronize(std::chrono::milliseconds timeout);
+  std::string flagState() const;
+  size_t ipcMappings() const { return ipc_->openMappings(); }
+  size_t ipcStoreKeys() const { return ipc_->exportedKeys(); }
 
  private:
   enum Flag { kReady = 0, kDone, kArm, kData, kFlagSets };
@@ -98,6 +115,8 @@ class CeGroup {
   void reduceChunkHost(CUstream s, CUdeviceptr dst, int64_t count, c10::ScalarType dtype, RedOp op, double factor,
                        uint32_t round);
   void hostWaitAll(Flag f, uint32_t seq, const char* what);
+  void waitForEvent(CUevent e, std::chrono::steady_clock::time_point deadline, const std::string& what);
+  void finishOp(CUstream s) noexcept;
 
   c10::intrusive_ptr<c10d::Store> store_;
   std::string prefix_;
@@ -107,12 +126,15 @@ class CeGroup {
   std::unique_ptr<SharedHostRegion> flagRegion_;
   std::vector<std::unique_ptr<CeSync>> sync_;
   std::unique_ptr<HostStaging> staging_;
-  std::unique_ptr<IpcRegistry> ipc_;
+  std::unique_ptr<IpcExchange> ipc_;
   std::unique_ptr<ReduceKernel> reduce_;  // gpu mode only
   std::unique_ptr<DeviceBuffer> scratch_; // gpu mode: world slots of peers' chunks
-  uint32_t round_ = 0;                   // staging rounds so far (same on every rank)
+  CUevent done_ = nullptr;       // recorded after each op: what synchronize() and teardown wait for
+  CUevent streamSync_ = nullptr;  // host reductions: "the stream reached here"
+  uint32_t round_;                       // last staging round (same on every rank; cyclic)
   uint32_t lastRoundInSlot_[2] = {0, 0};  // round this rank last published in each slot
-  uint32_t opSeq_ = 0;                    // p2p operations so far (same on every rank)
+  bool slotUsed_[2] = {false, false};     // (a round number may be 0 after wrap-around)
+  uint32_t opSeq_;                        // last p2p op (same on every rank; cyclic)
 };
 
 #endif  // HOCCL_WITH_CUDA

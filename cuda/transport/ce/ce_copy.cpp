@@ -1,10 +1,8 @@
 #include "transport/ce/ce_copy.h"
 
 #include <cstdlib>
-#include <cstring>
 #include <stdexcept>
 
-#include <unistd.h>
 
 namespace hoccl {
 
@@ -109,70 +107,6 @@ std::vector<PeerInfo> discoverPeers(const c10::intrusive_ptr<c10d::Store>& store
                                " is not visible to rank " + std::to_string(rank));
   }
   return peers;
-}
-
-IpcDesc IpcRegistry::describe(CUdeviceptr ptr, size_t bytes) const {
-  cu::ContextGuard guard(device_);
-  const auto& api = cu::driver();
-  IpcDesc d{};
-  CUdeviceptr base = 0;
-  size_t size = 0;
-  cu::check(api.cuMemGetAddressRange(&base, &size, ptr), "cuMemGetAddressRange");
-  if (ptr + bytes > base + size)
-    throw std::invalid_argument("hoccl: buffer runs past the end of its CUDA allocation");
-  cu::check(api.cuIpcGetMemHandle(&d.handle, base), "cuIpcGetMemHandle");
-  d.base = base;
-  d.offset = ptr - base;
-  d.bytes = bytes;
-  d.pid = static_cast<int32_t>(getpid());
-  d.device = device_;
-  return d;
-}
-
-CUdeviceptr IpcRegistry::map(int peer, const IpcDesc& desc) {
-  std::pair<int, std::string> key{peer, std::string(reinterpret_cast<const char*>(desc.handle.reserved),
-                                                   sizeof(desc.handle.reserved))};
-  auto it = mappings_.find(key);
-  if (it == mappings_.end()) {
-    // A handle cannot be opened by the process that exported it (FACTS); self uses its pointer.
-    if (desc.pid == static_cast<int32_t>(getpid()))
-      return static_cast<CUdeviceptr>(desc.base + desc.offset);
-    cu::ContextGuard guard(device_);
-    CUdeviceptr base = 0;
-    cu::check(cu::driver().cuIpcOpenMemHandle(&base, desc.handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
-              "cuIpcOpenMemHandle");
-    it = mappings_.emplace(std::move(key), base).first;
-  }
-  return it->second + desc.offset;
-}
-
-IpcRegistry::~IpcRegistry() {
-  if (mappings_.empty()) return;
-  try {
-    cu::ContextGuard guard(device_);
-    for (auto& kv : mappings_) cu::driver().cuIpcCloseMemHandle(kv.second);
-  } catch (...) {
-    // Teardown: the driver may already be shutting down.
-  }
-}
-
-std::vector<IpcDesc> exchangeIpc(const c10::intrusive_ptr<c10d::Store>& store, const std::string& key, int rank,
-                                 int world, const IpcDesc& mine, std::chrono::milliseconds timeout) {
-  store->set(key + "/" + std::to_string(rank), toBytes(&mine, sizeof(mine)));
-  std::vector<IpcDesc> all(world);
-  for (int r = 0; r < world; ++r) {
-    if (r == rank) {
-      all[r] = mine;
-      continue;
-    }
-    const std::string k = key + "/" + std::to_string(r);
-    store->wait({k}, timeout);
-    auto v = store->get(k);
-    if (v.size() != sizeof(IpcDesc))
-      throw std::runtime_error("hoccl: malformed IPC descriptor from rank " + std::to_string(r));
-    std::memcpy(&all[r], v.data(), sizeof(IpcDesc));
-  }
-  return all;
 }
 
 HostStaging::HostStaging(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix, int rank,

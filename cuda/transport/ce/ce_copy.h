@@ -6,7 +6,7 @@
 //    including several ranks on one GPU.
 //  * p2p:  one D2D copy between CUDA-IPC-mapped buffers. Copy engine only across devices with
 //    peer access; same-device D2D copies run on SMs unless the driver honours
-//    CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE (CUDA >= 13.1, FACTS), so `auto` avoids p2p
+//    CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE (a hint, honoured from CUDA 13.1), so `auto` avoids p2p
 //    between ranks on one GPU on older drivers.
 // HOCCL_CE_PATH=auto|p2p|host overrides the choice for every pair.
 #pragma once
@@ -14,7 +14,6 @@
 
 #include <chrono>
 #include <cstdint>
-#include <map>
 #include <string>
 #include <vector>
 
@@ -59,46 +58,6 @@ struct PeerInfo {
 std::vector<PeerInfo> discoverPeers(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix,
                                     int rank, int world, int device, CePathMode mode,
                                     std::chrono::milliseconds timeout);
-
-// A buffer as a peer can open it: the legacy IPC handle names the base of the cudaMalloc
-// allocation, so caching-allocator pointers travel as (handle, offset). Plain bytes (96), safe
-// to put in a Store value or in a shared-memory control block.
-struct IpcDesc {
-  CUipcMemHandle handle;
-  uint64_t base;    // exporter's base address: part of the cache key
-  uint64_t offset;  // pointer - base
-  uint64_t bytes;   // usable bytes from the pointer
-  int32_t pid;
-  int32_t device;
-};
-
-// Exports local buffers and maps peers' buffers, caching mappings per (peer, allocation).
-// A mapping stays open until the registry dies (cuIpcCloseMemHandle): the caching allocator
-// keeps its segments, so a tensor reused at the same place costs no driver call.
-// Limitation: if a peer frees a segment (torch.cuda.empty_cache) and a new one lands at the
-// same base, the handle bytes differ, so the stale entry is simply not hit again.
-class IpcRegistry {
- public:
-  explicit IpcRegistry(int device) : device_(device) {}
-  ~IpcRegistry();
-  IpcRegistry(const IpcRegistry&) = delete;
-  IpcRegistry& operator=(const IpcRegistry&) = delete;
-
-  IpcDesc describe(CUdeviceptr ptr, size_t bytes) const;
-  // Device pointer in this process for the peer's buffer (base mapping + offset).
-  CUdeviceptr map(int peer, const IpcDesc& desc);
-  size_t cachedMappings() const { return mappings_.size(); }
-
- private:
-  int device_;
-  std::map<std::pair<int, std::string>, CUdeviceptr> mappings_;  // (peer, handle bytes) -> base
-};
-
-// Publishes this rank's IpcDesc under `<key>/<rank>` and returns every rank's (own one included).
-// One Store round trip per peer: fine for one-time registration of persistent buffers; per-op
-// descriptors are cheaper in the group's shared control block (IpcDesc is plain bytes).
-std::vector<IpcDesc> exchangeIpc(const c10::intrusive_ptr<c10d::Store>& store, const std::string& key,
-                                 int rank, int world, const IpcDesc& mine, std::chrono::milliseconds timeout);
 
 // Pinned shared host staging: `slots` slots of `slotBytes` per rank, in one SharedHostRegion.
 // Rank r's D2H lands in slot(r, i); any rank's copy engine reads it with H2D.

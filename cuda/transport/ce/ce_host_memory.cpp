@@ -79,7 +79,16 @@ SharedHostRegion::SharedHostRegion(const c10::intrusive_ptr<c10d::Store>& store,
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   segment_.unlink();
-  registration_ = HostRegistration(segment_.data(), segment_.size(), device);
+  try {
+    registration_ = HostRegistration(segment_.data(), segment_.size(), device);
+  } catch (const std::runtime_error& e) {
+    // Sandboxed runtimes (gVisor) may refuse to page-lock shared mappings: say what and where.
+    throw std::runtime_error("hoccl cuda-ce on rank " + std::to_string(rank) + ": cannot page-lock the " +
+                             std::to_string(segment_.size()) + "-byte shared host region " + prefix +
+                             " (a /dev/shm mapping) for GPU " + std::to_string(device) + ": " + e.what() +
+                             "; the copy-engine transport needs cuMemHostRegister of shared memory "
+                             "(HOCCL_CUDA_TRANSPORT=host stages CUDA tensors through private pinned memory instead)");
+  }
 }
 
 DeviceBuffer::DeviceBuffer(size_t bytes, int device) : device_(device) {

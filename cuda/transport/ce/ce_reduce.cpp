@@ -107,6 +107,12 @@ void ReduceKernel::launch(CUstream stream, CUdeviceptr dst, const std::vector<CU
                           c10::ScalarType dtype, RedOp op, double factor, int world, bool finalize) {
   if (count == 0) return;
   if (srcs.empty()) throw std::invalid_argument("hoccl: reduction without sources");
+  // After the first launch dst holds the running result, so a later source must not be dst.
+  for (size_t k = HOCCL_REDUCE_MAX_SRCS; k < srcs.size(); ++k)
+    if (srcs[k] == dst)
+      throw std::invalid_argument("hoccl: reduction source " + std::to_string(k) + " is the destination, but more than " +
+                                  std::to_string(HOCCL_REDUCE_MAX_SRCS) +
+                                  " sources chain launches through it: that source would be overwritten");
   CUfunction f = function(dtype);
   // Chunks of at most MAX_SRCS sources; after the first, dst carries the running result.
   size_t next = 0;

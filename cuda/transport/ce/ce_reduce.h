@@ -39,8 +39,9 @@ class ReduceKernel {
   ReduceKernel& operator=(const ReduceKernel&) = delete;
 
   // dst[i] = srcs[0][i] op srcs[1][i] op ... (rank order), then AVG divides by `world` and
-  // PREMUL_SUM multiplies by `factor` when `finalize`. dst may alias a source. More than
-  // HOCCL_REDUCE_MAX_SRCS sources chain several launches through dst. Enqueued on `stream`;
+  // PREMUL_SUM multiplies by `factor` when `finalize`. More than HOCCL_REDUCE_MAX_SRCS sources
+  // chain several launches through dst, so dst may alias only one of the first
+  // HOCCL_REDUCE_MAX_SRCS sources (else std::invalid_argument). Enqueued on `stream`;
   // the caller's context must be `device`'s primary context (cu::ContextGuard).
   void launch(CUstream stream, CUdeviceptr dst, const std::vector<CUdeviceptr>& srcs, int64_t count,
               c10::ScalarType dtype, RedOp op, double factor, int world, bool finalize);

@@ -19,7 +19,7 @@ size_t rowBytes(int world) { return (world * sizeof(uint32_t) + kRowBytes - 1) /
 size_t CeSync::bytesNeeded(int world) { return rowBytes(world) * world; }
 
 CeSync::CeSync(const SharedHostRegion& region, size_t offset, int rank, int world)
-    : region_(region), offset_(offset), rank_(rank), world_(world), sent_(world, 0), expected_(world, 0) {
+    : region_(region), offset_(offset), rank_(rank), world_(world), sent_(world, 0), expected_(world, 0), waited_(world, 0), everWaited_(world, false) {
   if (offset + bytesNeeded(world) > region.size())
     throw std::invalid_argument("hoccl: CeSync flags do not fit in the shared host region");
   if (offset % sizeof(uint32_t) != 0) throw std::invalid_argument("hoccl: CeSync offset must be 4-byte aligned");
@@ -41,6 +41,7 @@ void CeSync::signal(CUstream stream, int peer, uint32_t seq) {
 }
 
 void CeSync::wait(CUstream stream, int peer, uint32_t seq) {
+  noteWait(peer, seq);
   cu::check(cu::driver().cuStreamWaitValue32(stream, region_.devicePtr(wordOffset(peer, rank_)), seq,
                                              CU_STREAM_WAIT_VALUE_GEQ),
             "cuStreamWaitValue32 (wait)");
@@ -54,6 +55,7 @@ void CeSync::waitMany(CUstream stream, const std::vector<int>& peers, const std:
     size_t end = std::min(peers.size(), begin + kMaxBatch);
     ops.assign(end - begin, CUstreamBatchMemOpParams{});
     for (size_t i = begin; i < end; ++i) {
+      noteWait(peers[i], seqs[i]);
       auto& w = ops[i - begin].waitValue;
       w.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
       w.address = region_.devicePtr(wordOffset(peers[i], rank_));
@@ -63,6 +65,32 @@ void CeSync::waitMany(CUstream stream, const std::vector<int>& peers, const std:
     cu::check(cu::driver().cuStreamBatchMemOp(stream, static_cast<unsigned>(ops.size()), ops.data(), 0),
               "cuStreamBatchMemOp (wait)");
   }
+}
+
+void CeSync::noteWait(int peer, uint32_t seq) {
+  if (!everWaited_[peer] || static_cast<int32_t>(seq - waited_[peer]) > 0) waited_[peer] = seq;
+  everWaited_[peer] = true;
+}
+
+void CeSync::hostInit(uint32_t seq) {
+  for (int p = 0; p < world_; ++p) {
+    if (p == rank_) continue;
+    *hostWord(rank_, p) = seq;
+    sent_[p] = expected_[p] = seq;
+  }
+  std::atomic_thread_fence(std::memory_order_release);
+}
+
+std::string CeSync::unsatisfiedWaits(const char* name) const {
+  std::string out;
+  for (int p = 0; p < world_; ++p) {
+    if (p == rank_ || !everWaited_[p]) continue;
+    const uint32_t now = inbound(p);
+    if (static_cast<int32_t>(now - waited_[p]) >= 0) continue;
+    out += (out.empty() ? "" : "; ") + std::string(name) + " from rank " + std::to_string(p) +
+           ": the stream waits for >= " + std::to_string(waited_[p]) + ", the flag holds " + std::to_string(now);
+  }
+  return out;
 }
 
 uint32_t CeSync::signalNext(CUstream stream, int peer) {

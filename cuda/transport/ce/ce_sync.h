@@ -7,12 +7,13 @@
 // numbers never need resetting and survive wrap-around. No kernel runs: the GPU's front end
 // executes these operations, not the SMs.
 //
-// Caveat (FACTS): ordering created by stream memory operations is invisible to CUDA's
+// Caveat (cuda.h): ordering created by stream memory operations is invisible to CUDA's
 // dependency tracking; a wait whose signal never comes hangs the stream. Callers keep
 // per-pair sequences in lockstep (same plan on every rank) and check peers' liveness on the host.
 #pragma once
 #include <chrono>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "transport/ce/ce_host_memory.h"
@@ -54,11 +55,19 @@ class CeSync {
   uint32_t nextSignalSeq(int peer) { return ++sent_[peer]; }
   uint32_t nextWaitSeq(int peer) { return ++expected_[peer]; }
 
+  // Sets every flag this rank writes to `seq` from the host: the value "nothing signalled yet"
+  // for a group whose first sequence number is seq + 1. Before any peer waits (a barrier).
+  void hostInit(uint32_t seq);
+  // The waits enqueued so far that the host sees unsatisfied, e.g.
+  // "READY from rank 1: the stream waits for >= 7, the flag holds 6"; "" when none.
+  std::string unsatisfiedWaits(const char* name) const;
+
   int rank() const { return rank_; }
   int world() const { return world_; }
 
  private:
   size_t wordOffset(int src, int dst) const;
+  void noteWait(int peer, uint32_t seq);
   volatile uint32_t* hostWord(int src, int dst) const;
 
   const SharedHostRegion& region_;
@@ -66,6 +75,8 @@ class CeSync {
   int rank_, world_;
   std::vector<uint32_t> sent_;      // last seq signalled to each peer
   std::vector<uint32_t> expected_;  // last seq waited for from each peer
+  std::vector<uint32_t> waited_;    // highest seq a stream wait asked of each peer
+  std::vector<bool> everWaited_;
 };
 
 #endif  // HOCCL_WITH_CUDA

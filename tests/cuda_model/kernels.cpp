@@ -1,0 +1,226 @@
+// Modules and kernels of the CPU driver model: hoccl's reduction kernels, found by name and run
+// on the stream's thread from their argument struct (transport/ce/kernels/reduce_args.h). The
+// arithmetic follows reduce.cu: rank order, 16-bit floats accumulate in float and round once to
+// nearest even, AVG/PREMUL_SUM scale after rounding to the element type.
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "model.h"
+#include "transport/ce/kernels/reduce_args.h"
+
+namespace model {
+namespace {
+
+enum class DType { Float, Double, Half, BFloat16, Char, Byte, Short, Int, Long, Bool };
+
+struct Module {
+  int unused = 0;
+};
+struct Function {
+  DType dtype;
+};
+
+float halfToFloat(uint16_t h) {
+  const uint32_t sign = (h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1f;
+  const uint32_t man = h & 0x3ff;
+  float f;
+  if (exp == 0) {
+    f = std::ldexp(static_cast<float>(man), -24);
+  } else if (exp == 31) {
+    f = man ? NAN : INFINITY;
+  } else {
+    f = std::ldexp(static_cast<float>(man | 0x400), static_cast<int>(exp) - 25);
+  }
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  bits |= sign;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t floatToHalf(float f) {
+  _Float16 h = static_cast<_Float16>(f);  // IEEE binary16, round to nearest even
+  uint16_t bits;
+  std::memcpy(&bits, &h, 2);
+  return bits;
+}
+
+float bf16ToFloat(uint16_t b) {
+  uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t floatToBf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  if (std::isnan(f)) return static_cast<uint16_t>((bits >> 16) | 0x40);
+  bits += 0x7fff + ((bits >> 16) & 1);  // round to nearest even
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+struct Half { uint16_t bits; };
+struct BF16 { uint16_t bits; };
+
+template <typename T> struct Acc { using type = T; static T in(T v) { return v; } static T out(T v) { return v; } };
+template <> struct Acc<Half> {
+  using type = float;
+  static float in(Half v) { return halfToFloat(v.bits); }
+  static Half out(float v) { return {floatToHalf(v)}; }
+};
+template <> struct Acc<BF16> {
+  using type = float;
+  static float in(BF16 v) { return bf16ToFloat(v.bits); }
+  static BF16 out(float v) { return {floatToBf16(v)}; }
+};
+
+template <typename A>
+A combine(A a, A b, int op) {
+  if constexpr (std::is_same_v<A, bool>) {
+    switch (op) {
+      case HOCCL_OP_SUM: case HOCCL_OP_BOR: return a || b;
+      case HOCCL_OP_PROD: case HOCCL_OP_BAND: return a && b;
+      case HOCCL_OP_MIN: return b < a ? b : a;
+      case HOCCL_OP_MAX: return a < b ? b : a;
+      case HOCCL_OP_BXOR: return a != b;
+      default: return a;
+    }
+  } else {
+    switch (op) {
+      case HOCCL_OP_SUM: return static_cast<A>(a + b);
+      case HOCCL_OP_PROD: return static_cast<A>(a * b);
+      case HOCCL_OP_MIN: return b < a ? b : a;
+      case HOCCL_OP_MAX: return a < b ? b : a;
+      default: break;
+    }
+    if constexpr (std::is_integral_v<A>) {
+      if (op == HOCCL_OP_BAND) return static_cast<A>(a & b);
+      if (op == HOCCL_OP_BOR) return static_cast<A>(a | b);
+      if (op == HOCCL_OP_BXOR) return static_cast<A>(a ^ b);
+    }
+    return a;
+  }
+}
+
+template <typename T>
+T scale(T v, const HocclReduceArgs& a) {
+  using A = typename Acc<T>::type;
+  if (a.scale == HOCCL_SCALE_NONE) return v;
+  if constexpr (std::is_integral_v<A>) {
+    if (a.scale == HOCCL_SCALE_DIV_WORLD) return static_cast<T>(v / static_cast<T>(a.world));
+    return static_cast<T>(static_cast<double>(v) * a.factor);
+  } else {
+    A x = Acc<T>::in(v);
+    if (a.scale == HOCCL_SCALE_DIV_WORLD) return Acc<T>::out(x / static_cast<A>(a.world));
+    return Acc<T>::out(x * static_cast<A>(a.factor));
+  }
+}
+
+template <typename T>
+void reduce(const HocclReduceArgs& a) {
+  using A = typename Acc<T>::type;
+  for (long long i = 0; i < a.count; ++i) {
+    A acc = Acc<T>::in(static_cast<const T*>(a.src[0])[i]);
+    for (int k = 1; k < a.nsrc; ++k) acc = combine<A>(acc, Acc<T>::in(static_cast<const T*>(a.src[k])[i]), a.op);
+    static_cast<T*>(a.dst)[i] = scale<T>(Acc<T>::out(acc), a);
+  }
+}
+
+size_t elementSize(DType t) {
+  switch (t) {
+    case DType::Double: case DType::Long: return 8;
+    case DType::Float: case DType::Int: return 4;
+    case DType::Half: case DType::BFloat16: case DType::Short: return 2;
+    default: return 1;
+  }
+}
+
+void run(DType t, const HocclReduceArgs& a) {
+  switch (t) {
+    case DType::Float: return reduce<float>(a);
+    case DType::Double: return reduce<double>(a);
+    case DType::Half: return reduce<Half>(a);
+    case DType::BFloat16: return reduce<BF16>(a);
+    case DType::Char: return reduce<signed char>(a);
+    case DType::Byte: return reduce<unsigned char>(a);
+    case DType::Short: return reduce<short>(a);
+    case DType::Int: return reduce<int>(a);
+    case DType::Long: return reduce<long long>(a);
+    case DType::Bool: return reduce<bool>(a);
+  }
+}
+
+bool dtypeNamed(const std::string& name, DType* out) {
+  static const std::pair<const char*, DType> names[] = {
+      {"Float", DType::Float}, {"Double", DType::Double}, {"Half", DType::Half}, {"BFloat16", DType::BFloat16},
+      {"Char", DType::Char}, {"Byte", DType::Byte}, {"Short", DType::Short}, {"Int", DType::Int},
+      {"Long", DType::Long}, {"Bool", DType::Bool}};
+  const std::string prefix = "hoccl_reduce_";
+  if (name.rfind(prefix, 0) != 0) return false;
+  for (const auto& [n, t] : names)
+    if (name.substr(prefix.size()) == n) {
+      *out = t;
+      return true;
+    }
+  return false;
+}
+
+}  // namespace
+}  // namespace model
+
+using namespace model;
+
+extern "C" {
+
+CUresult cuModuleLoadData(CUmodule* module, const void* image) {
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!hasCurrentContext()) return CUDA_ERROR_INVALID_CONTEXT;
+  if (!module || !image) return CUDA_ERROR_INVALID_VALUE;
+  uint32_t magic;
+  std::memcpy(&magic, image, 4);
+  const bool fatbin = magic == 0xBA55ED50u;
+  const bool elf = std::memcmp(image, "\x7f" "ELF", 4) == 0;
+  if (!fatbin && !elf) return CUDA_ERROR_INVALID_IMAGE;
+  *module = reinterpret_cast<CUmodule>(new Module());
+  return CUDA_SUCCESS;
+}
+
+CUresult cuModuleUnload(CUmodule module) {
+  if (!module) return CUDA_ERROR_INVALID_HANDLE;
+  delete reinterpret_cast<Module*>(module);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuModuleGetFunction(CUfunction* f, CUmodule module, const char* name) {
+  if (!f || !module || !name) return CUDA_ERROR_INVALID_VALUE;
+  DType t;
+  if (!dtypeNamed(name, &t)) return CUDA_ERROR_NOT_FOUND;
+  *f = reinterpret_cast<CUfunction>(new Function{t});
+  return CUDA_SUCCESS;
+}
+
+CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                        unsigned sharedBytes, CUstream s, void** params, void** extra) {
+  if (!f) return CUDA_ERROR_INVALID_HANDLE;
+  if (gx * gy * gz == 0 || bx * by * bz == 0 || bx * by * bz > 1024 || !params || extra)
+    return CUDA_ERROR_INVALID_VALUE;
+  const DType t = reinterpret_cast<Function*>(f)->dtype;
+  HocclReduceArgs a;
+  std::memcpy(&a, params[0], sizeof(a));  // documented: parameters are copied at launch
+  if (a.nsrc < 1 || a.nsrc > HOCCL_REDUCE_MAX_SRCS || a.count < 0) return CUDA_ERROR_INVALID_VALUE;
+  count("kernel_launches");
+  return enqueue(s, [t, a] {
+    const size_t bytes = static_cast<size_t>(a.count) * elementSize(t);
+    // A kernel touching memory the device cannot address faults the context.
+    if (!isDevice(reinterpret_cast<CUdeviceptr>(a.dst), bytes)) fault("reduction kernel writes a non-device address");
+    for (int k = 0; k < a.nsrc; ++k)
+      if (!isDevice(reinterpret_cast<CUdeviceptr>(a.src[k]), bytes))
+        fault("reduction kernel reads a non-device address (source " + std::to_string(k) + ")");
+    run(t, a);
+  });
+}
+
+}  // extern "C"
