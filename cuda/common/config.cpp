@@ -50,8 +50,6 @@ const std::vector<Variable> kTable = {
     {"HOCCL_HOSTNAME", K::Text, R::Core, "auto", "",
      "host identity of a rank; auto: the hostname plus what makes /dev/shm reachable (boot id, IPC and mount "
      "namespaces), so containers with separate /dev/shm are separate hosts"},
-    {"HOCCL_INTER_HOST", K::Choice, R::Python, "gloo", "gloo",
-     "engine of the inter-host leg (torch's ProcessGroupGloo; honours GLOO_SOCKET_IFNAME)"},
     {"HOCCL_CUDA_TRANSPORT", K::Choice, R::Core, "ce", "ce,host",
      "CUDA tensors: ce (copy engines where covered) or host (host staging for every op)"},
     {"HOCCL_CE_PATH", K::Choice, R::Core, "auto", "auto,p2p,host",
@@ -64,6 +62,8 @@ const std::vector<Variable> kTable = {
      "build time: nvcc -gencode flags (space-separated) for the reduction kernel"},
     {"HOCCL_NO_NVCC", K::Text, R::Build, "unset", "", "build time: set to build without the GPU reduction kernel"},
     {"HOCCL_TEST_WORLDS", K::Text, R::Tests, "2", "", "tests: rank counts for the GPU tests, e.g. 2,4"},
+    {"HOCCL_AS_GLOO", K::Text, R::Tests, "unset", "",
+     "conformance suite: 1 runs torch's distributed_test.py under the name gloo on hoccl groups"},
 };
 
 std::string raw(const std::string& name) {
