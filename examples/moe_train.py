@@ -3,12 +3,18 @@
     torchrun --nproc_per_node=4 examples/moe_train.py                 # hoccl, TopoEP on
     torchrun --nproc_per_node=4 examples/moe_train.py --no-topoep     # hoccl, no balancing
     torchrun --nproc_per_node=4 examples/moe_train.py --backend gloo  # same on gloo
+    torchrun --nproc_per_node=4 examples/moe_train.py --hot-experts 4 --replace-every 4
+        # skew on the experts of half the ranks: the slow path moves home experts every 4
+        # steps (Adam's state moves with them), on top of the per-step replicas
 
 Each rank holds E / world experts (expert parallel) and a copy of the dense layers and the
 router (data parallel: their gradients are averaged with all_reduce). The router starts biased
 towards a few hot experts (``--skew``), so without balancing the hot experts' owners do most
 of the work. Every step prints the loss, the GPU-load imbalance (max/mean tokens per rank
-after TopoEP's rerouting, and what it would be without), and the step time.
+after TopoEP's rerouting, and what it would be without), and the step time. With
+``--replace-every K`` or ``--replace-threshold T`` the layer also re-places home experts
+between steps (after ``opt.step()``, through the optimizer it is bound to) and prints each
+re-placement.
 """
 from __future__ import annotations
 
@@ -55,6 +61,15 @@ def main():
     ap.add_argument("--slots", type=int, default=2, help="replica slots per rank")
     ap.add_argument("--hosts", type=int, default=1, help="hosts in the (simulated) topology")
     ap.add_argument("--skew", type=float, default=2.0, help="router bias towards hot experts")
+    ap.add_argument("--hot-experts", type=int, default=None,
+                    help="experts the router is biased towards (default experts // 8); the "
+                         "first ones, homed on the first ranks")
+    ap.add_argument("--replace-every", type=int, default=None, metavar="K",
+                    help="re-place home experts every K steps (TopoEP's slow path)")
+    ap.add_argument("--replace-threshold", type=float, default=None, metavar="T",
+                    help="re-place when the imbalance after replication stays above T for "
+                         "--replace-window steps")
+    ap.add_argument("--replace-window", type=int, default=4, metavar="W")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
@@ -69,15 +84,23 @@ def main():
     d_in = 32
     net = Net(d_in, args.d_model, args.d_ff, args.experts, args.top_k)
     with torch.no_grad():  # a few hot experts: bias their router rows towards the data mean
-        for j in range(max(1, args.experts // 8)):
+        for j in range(args.hot_experts or max(1, args.experts // 8)):
             net.moe.router.weight[j].add_(torch.full((args.d_model,), args.skew / args.d_model))
+    policy = None
+    if args.replace_every is not None:
+        policy = topoep.ReplacementPolicy(every=args.replace_every)
+    elif args.replace_threshold is not None:
+        policy = topoep.ReplacementPolicy(threshold=args.replace_threshold,
+                                          window=args.replace_window)
     layer = topoep.attach(net.moe, hosts=args.hosts, slots_per_gpu=args.slots, mode=args.mode,
                           capacity=2 * args.tokens * args.top_k // world,
-                          balance=args.topoep)
+                          balance=args.topoep, replacement=policy)
     dense = [p for n, p in net.named_parameters() if not n.startswith("moe.")] + \
         list(layer.router.parameters())
     experts = [p for n, p in layer.named_parameters() if not n.startswith("router.")]
     opt = torch.optim.Adam(dense + experts, lr=args.lr)
+    if policy is not None:
+        layer.bind_optimizer(opt)  # the policy runs after each opt.step(), moving Adam's state
     target_w = torch.randn(d_in, generator=torch.Generator().manual_seed(1))
 
     gen = torch.Generator().manual_seed(1000 + rank)
@@ -103,6 +126,13 @@ def main():
         dist.barrier()
         dt = (time.perf_counter() - t0) * 1e3
         st = layer.last_stats
+        rep, layer.last_replacement = layer.last_replacement, None
+        if rep is not None and rank == 0:
+            print(f"  re-placement after step {step}: {int(rep['moved'])} experts moved "
+                  f"({int(rep['moved_bytes']) / 1e6:.1f} MB of weights; the exchange sent "
+                  f"{rep['exchange_bytes'] / 1e6:.1f} MB per rank with gradients and Adam "
+                  f"state), fast path on the window {float(rep['imbalance_before']):.3f} -> "
+                  f"{float(rep['imbalance_after']):.3f}", flush=True)
         lv = loss.detach().clone()
         dist.all_reduce(lv)
         if rank == 0:

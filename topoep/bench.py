@@ -1,6 +1,8 @@
 """TopoEP benchmark: imbalance, cross-host token fraction and planner time.
 
     python -m topoep.bench [--quick] [--slots 2] [--json FILE] [--no-jit]
+    python -m topoep.bench --steps N [--every K] [--window W] [--threshold T]  # over steps
+
 
 For skewed synthetic routing (Zipf s = 0.8/1.2/1.6, "X% of tokens to 4 hot experts" for
 X = 30/50/80/95, drifting skew over 8 steps), 64 and 256 experts, 8/16/64 GPUs on 1/2/8 hosts,
@@ -163,21 +165,48 @@ def main(argv=None) -> int:
     ap.add_argument("--no-jit", dest="jit", action="store_false",
                     help="plan eagerly every call (default: replay the traced plan from the "
                          "second call, as a reused TopoEPPlanner does)")
+    ap.add_argument("--steps", type=int, metavar="N",
+                    help="benchmark over N steps (stationary, drifting and switching "
+                         "workloads; none / EPLB every K / TopoEP / TopoEP + re-placement), "
+                         "see topoep.bench_steps")
+    ap.add_argument("--every", type=int, default=16, metavar="K",
+                    help="with --steps: EPLB re-places every K steps; also the warm-up "
+                         "(default 16)")
+    ap.add_argument("--window", type=int, default=4, metavar="W",
+                    help="with --steps: TopoEP re-places when the imbalance stays above "
+                         "--threshold for W steps, from their counts (default 4)")
+    ap.add_argument("--threshold", type=float, default=1.02,
+                    help="with --steps: see --window (default 1.02)")
+    ap.add_argument("--expert-mb", type=float, default=None,
+                    help="with --steps: bytes of one expert's weights in MB (default 17.3: "
+                         "SwiGLU, d_model 2048, d_ff 1408, bf16)")
     args = ap.parse_args(argv)
+    if args.steps is not None:
+        if args.steps < 1:
+            ap.error("--steps must be >= 1")
+        from . import bench_steps
+        return bench_steps.main(args)
     t0 = time.time()
     records = run(args.slots, args.quick, args.tokens, args.seed, jit=args.jit)
-    print(f"# TopoEP bench: slots/GPU={args.slots}, {args.tokens} assignments/rank, "
-          f"planner {'traced (jit)' if args.jit else 'eager'}, "
-          f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
-          f"{time.strftime('%Y-%m-%d')}")
-    print(table(records))
-    print()
-    print(summary(records))
-    print(f"({time.time() - t0:.1f} s)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(records, f, indent=1)
+    report(f"# TopoEP bench: slots/GPU={args.slots}, {args.tokens} assignments/rank, "
+           f"planner {'traced (jit)' if args.jit else 'eager'}, "
+           f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
+           f"{time.strftime('%Y-%m-%d')}", table(records), summary(records), t0, records,
+           args.json)
     return 0
+
+
+def report(header: str, table_text: str, summary_text: str, t0: float, records: list,
+           json_path: str | None, indent: int = 1) -> None:
+    """Print a bench's header, table, summary and run time; write its records as JSON."""
+    print(header)
+    print(table_text)
+    print()
+    print(summary_text)
+    print(f"({time.time() - t0:.1f} s)")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(records, f, indent=indent)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,19 @@ class BaselineResult:
     def balancedness(self) -> float:
         return 1.0 / self.imbalance
 
+    def share(self, experts: int) -> np.ndarray:
+        """[E, R]: fraction of expert e's tokens that GPU g processes under this placement
+        (each expert's load splits evenly over its replicas), to replay it on other counts."""
+        n = np.zeros((experts, len(self.replicas)))
+        for g, reps in enumerate(self.replicas):
+            for e, _ in reps:
+                n[e, g] += 1
+        return n / n.sum(1, keepdims=True)
+
+    def experts_on(self) -> list:
+        """Per GPU: the multiset (sorted list) of experts it holds."""
+        return [sorted(e for e, _ in reps) for reps in self.replicas]
+
 
 def _balanced_packing(weights: np.ndarray, npacks: int) -> np.ndarray:
     """Pack items into npacks packs of equal item count: heaviest item first, each to the

@@ -30,6 +30,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .planner import TopoEPPlan, TopoEPPlanner, default_placement
+from .policy import ReplacementPolicy
+from .rebalance import ReplacementMixin
 
 # --------------------------------------------------------------------------- reference MoE
 
@@ -161,12 +163,17 @@ def home_plan(counts: torch.Tensor, placement: torch.Tensor, hosts: int,
                       gpus_per_host=gpus_per_host)
 
 
-class TopoEPMoE(nn.Module):
+class TopoEPMoE(ReplacementMixin, nn.Module):
     """Expert-parallel execution of a standard MoE layer with TopoEP balancing.
 
     Every rank passes the same full ``moe`` (same weights, e.g. same seed or loaded
     checkpoint); the wrapper keeps the router and this rank's experts (its home experts under
     ``placement``). ``forward(x)`` takes this rank's tokens and returns their outputs.
+
+    Home experts live in physical rows: row p is local row p % m of rank p // m (m = E / world).
+    ``logical_at`` [E] is the user's expert at each row, ``phys_of`` its inverse; the router's
+    expert ids stay the user's and are mapped to rows on the way in, so a re-placement
+    (``rebalance``) only permutes rows. Plans (``last_plan``) are in row ids.
 
     Args:
       hosts: number of hosts in the topology (world = hosts x gpus_per_host).
@@ -175,12 +182,17 @@ class TopoEPMoE(nn.Module):
       mode: ``"exact"`` or ``"padded"`` (then ``capacity``: rows per peer per layer, default
         ceil(2 * tokens * top_k / world)).
       balance: False runs the same dispatch with no replicas (the "none" baseline).
+      replacement: a ``ReplacementPolicy``: the slow path moves home experts when it says
+        (see ``rebalance``); needs ``balance=True``.
+      optimizer: the optimizer that trains the expert parameters; the policy is then applied
+        after each of its steps, moving its state with the rows (see ``bind_optimizer``).
     """
 
     def __init__(self, moe: nn.Module, group=None, hosts: int = 1, slots_per_gpu: int | None = None,
                  budget_bytes: int | None = None, mode: str = "exact", capacity: int | None = None,
                  placement: torch.Tensor | None = None, balance: bool = True,
-                 min_piece: int = 1):
+                 min_piece: int = 1, replacement: ReplacementPolicy | None = None,
+                 optimizer: torch.optim.Optimizer | None = None):
         super().__init__()
         if not dist.is_initialized():
             raise RuntimeError("topoep: TopoEPMoE needs an initialized torch.distributed group")
@@ -198,11 +210,19 @@ class TopoEPMoE(nn.Module):
         self.top_k = int(getattr(moe, "top_k"))
         self.router = moe.router
         self._route: Callable | None = getattr(moe, "route", None)
+        m = self.experts_per_rank = E // self.world
         if placement is None:
-            placement = default_placement(E, self.world)  # raises if not divisible
-        self.register_buffer("placement", placement.clone(), persistent=False)
-        owned = [e for e in range(E) if int(placement[e]) == self.rank]
-        self.owned = owned
+            default_placement(E, self.world)  # raises if not divisible
+            logical_at = torch.arange(E)
+        else:  # checked by the planner's own placement checks
+            TopoEPPlanner(E, self.hosts, self.gpus_per_host, 1, placement, jit=False)
+            logical_at = torch.sort(placement.detach().cpu(), stable=True).indices
+        # the current placement is state: a checkpoint must know which expert each row holds
+        self.register_buffer("logical_at", logical_at)
+        self.register_buffer("phys_of", torch.empty_like(logical_at).scatter_(
+            0, logical_at, torch.arange(E)))
+        self.register_buffer("_home_gpu", torch.arange(E) // m, persistent=False)  # row -> rank
+        owned = logical_at[self.rank * m:(self.rank + 1) * m].tolist()
         # ---- experts: a flat view [E_loc, P] built from this rank's parameters
         if all(hasattr(moe, n) for n in ("w1", "b1", "w2", "b2")):
             oi = torch.tensor(owned)
@@ -240,18 +260,19 @@ class TopoEPMoE(nn.Module):
         self.balance = balance
         self.slots = slots_per_gpu
         self.planner = TopoEPPlanner(E, self.hosts, self.gpus_per_host, slots_per_gpu,
-                                     placement, min_piece=min_piece) if balance else None
+                                     min_piece=min_piece) if balance else None
         self.mode, self.capacity = mode, capacity
-        local = torch.full((E,), -1, dtype=torch.long)
-        local[torch.tensor(owned)] = torch.arange(len(owned))
-        self.register_buffer("local_index", local, persistent=False)  # expert -> owned row
+        rows = torch.arange(E)
+        self.register_buffer("local_index", torch.where(rows // m == self.rank, rows % m, -1),
+                             persistent=False)  # row -> local row (-1: another rank's)
         self.last_stats: dict = {}
         self.last_plan: TopoEPPlan | None = None
+        self._init_replacement(replacement, optimizer)
 
     # ------------------------------------------------------------------ pieces
     def _owned_flat(self):
         if self.experts is None:
-            parts = [getattr(self, n).reshape(len(self.owned), -1) for n in self._names]
+            parts = [getattr(self, n).reshape(self.experts_per_rank, -1) for n in self._names]
             return torch.cat(parts, 1)
         return torch.stack([torch.cat([p.reshape(-1) for p in ex.parameters()])
                             for ex in self.experts])
@@ -273,7 +294,7 @@ class TopoEPMoE(nn.Module):
     def make_plan(self, counts: torch.Tensor) -> TopoEPPlan:
         if self.balance:
             return self.planner(counts)
-        return home_plan(counts, self.placement, self.hosts, self.gpus_per_host)
+        return home_plan(counts, self._home_gpu, self.hosts, self.gpus_per_host)
 
     # ------------------------------------------------------------------ forward
     def forward(self, x):
@@ -282,7 +303,7 @@ class TopoEPMoE(nn.Module):
         dev, E, R, me = x.device, self.num_experts, self.world, self.rank
         idx, gate = self.route(x)
         n, k = idx.shape
-        e_a = idx.reshape(-1)
+        e_a = self.phys_of.index_select(0, idx.reshape(-1))  # the user's ids -> home rows
         local_counts = torch.zeros(E, dtype=torch.long, device=dev).scatter_add_(
             0, e_a, torch.ones_like(e_a))
         counts = torch.empty(R * E, dtype=torch.long, device=dev)
@@ -290,6 +311,7 @@ class TopoEPMoE(nn.Module):
         counts = counts.view(R, E)
         plan = self.make_plan(counts)
         self.last_plan = plan
+        due = self._record_step(counts, plan)  # (device flag for the threshold policy)
 
         # ---- weights of this rank's copies: owned experts, then replica slots
         owned = self._owned_flat()
@@ -298,7 +320,7 @@ class TopoEPMoE(nn.Module):
         S = slot_e.shape[1] if self.balance else 0
         weights = owned
         if self.balance:
-            owner = torch.where(slot_e >= 0, self.placement[slot_e.clamp(min=0)], -1)
+            owner = torch.where(slot_e >= 0, self._home_gpu[slot_e.clamp(min=0)], -1)
             mine = owner == me
             loc = self.local_index[slot_e.clamp(min=0)]
             send_idx = torch.where(mine, loc, e_loc)
@@ -341,8 +363,12 @@ class TopoEPMoE(nn.Module):
                     0, owner[me].clamp(min=0), (owner[me] >= 0).long())
             else:
                 w_in = w_out = torch.zeros(R, dtype=torch.long, device=dev)
-            meta = torch.cat([send_cnt, recv_cnt_se.sum(1), w_in, w_out, per_w]).tolist()
-            # ^ the one host read of this layer
+            extra = [] if due is None else [due.long().view(1)]
+            meta = torch.cat([send_cnt, recv_cnt_se.sum(1), w_in, w_out, per_w] + extra
+                             ).tolist()
+            # ^ the one host read of this layer (the re-placement flag rides along)
+            if due is not None:
+                self._due_host = bool(meta.pop())
             in_splits, out_splits = meta[:R], meta[R:2 * R]
             w_in_h, w_out_h, per_w = meta[2 * R:3 * R], meta[3 * R:4 * R], meta[4 * R:]
             if self.balance:
