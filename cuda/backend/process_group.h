@@ -122,7 +122,7 @@ class ProcessGroupHOCCL : public c10d::Backend {
   bool everyRankShared(uint32_t parity, int64_t bytes) const;
   void checkWait(const Collective& c, int peer);
   void ensureP2P();
-  // CUDA tensors (process_group_cuda.cpp): order after the caller's stream, run on the comm
+  // CUDA tensors (cuda_tensors.cpp): order after the caller's stream, run on the comm
   // stream, copy-engine transport for the ops it covers, host staging for the rest.
   c10::intrusive_ptr<c10d::Work> enqueueCuda(c10d::OpType type, const std::vector<at::Tensor>& inputs,
                                              const std::vector<at::Tensor>& outputs,
