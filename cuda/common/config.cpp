@@ -62,6 +62,8 @@ const std::vector<Variable> kTable = {
      "build time: nvcc -gencode flags (space-separated) for the reduction kernel"},
     {"HOCCL_NO_NVCC", K::Text, R::Build, "unset", "", "build time: set to build without the GPU reduction kernel"},
     {"HOCCL_TEST_WORLDS", K::Text, R::Tests, "2", "", "tests: rank counts for the GPU tests, e.g. 2,4"},
+    {"HOCCL_GPU_CHECK_SKIP_BUILD", K::Text, R::Tests, "unset", "",
+     "scripts/gpu_check.sh: 1 uses the extension already built instead of building it"},
     {"HOCCL_AS_GLOO", K::Text, R::Tests, "unset", "",
      "conformance suite: 1 runs torch's distributed_test.py under the name gloo on hoccl groups"},
 };
