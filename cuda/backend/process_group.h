@@ -16,6 +16,9 @@
 #include <optional>
 #include <thread>
 
+#include "backend/config.h"
+#include "backend/host_table.h"
+#include "backend/work.h"
 #include "exec/executor.h"
 #include "transport/shm/huge_pages.h"
 #include "transport/shm/p2p_engine.h"
@@ -26,58 +29,6 @@ namespace hoccl {
 namespace varipath {
 class Scheduler;
 }
-
-class WorkHOCCL : public c10d::Work {
- public:
-  WorkHOCCL(int rank, c10d::OpType type, std::vector<at::Tensor> outputs);
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
-  std::vector<at::Tensor> result() override { return outputs_; }
-  int sourceRank() const override { return sourceRank_; }
-  // CUDA ops: wait() blocks the host only until the op is enqueued on the comm stream, then
-  // makes the caller's current stream wait for the op's end event (like NCCL).
-  bool wait(std::chrono::milliseconds timeout) override;
-  bool isCompleted() override;
-  void complete(std::exception_ptr error, int sourceRank = -1);
-  // Set by the CUDA stream manager before the op runs.
-  void setCommStream(c10::Stream comm) { commStream_ = comm; }
-  void setEndEvent(std::shared_ptr<c10::Event> end) { endEvent_ = std::move(end); }
-
- private:
-  std::vector<at::Tensor> outputs_;
-  c10::intrusive_ptr<c10::ivalue::Future> future_;
-  int sourceRank_ = -1;
-  std::optional<c10::Stream> commStream_;
-  std::shared_ptr<c10::Event> endEvent_;
-};
-
-// Completes when every member completes: what endCoalescing returns.
-class WorkGroupHOCCL : public c10d::Work {
- public:
-  WorkGroupHOCCL(int rank, std::vector<c10::intrusive_ptr<c10d::Work>> works);
-  bool isCompleted() override;
-  bool wait(std::chrono::milliseconds timeout) override;
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
-
- private:
-  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
-};
-
-enum class AllToAllAlgo { Direct, Pairwise, VarioPath };
-
-struct HocclConfig {
-  ShmConfig shm;
-  int64_t oneShotMaxBytes = 64 << 10;
-  int64_t crossMemoryMinBytes = 256 << 10;
-  int64_t allReduceDirectReadMaxBytes = 64 << 20;  // all_reduce: direct reads below bytes x world
-  int64_t inlineMaxBytes = 64 << 10;  // run smaller collectives on the caller's thread when idle
-  int64_t streamingCopyMinBytes = 1 << 20;  // copies into outputs from this size bypass the cache
-  int64_t hugePageMinBytes = 4 << 20;  // reused peer-read buffers from this size go on huge pages (0: off)
-  int64_t alltoallPlanCache = 8;       // VarioPath plans kept for repeated split matrices (0: off)
-  bool cudaViaHostOnly = false;  // HOCCL_CUDA_TRANSPORT=host
-  int debug = 0;  // 0 off, 1 INFO, 2 TRACE
-  AllToAllAlgo alltoall = AllToAllAlgo::Direct;
-  static HocclConfig fromEnv(int world);
-};
 
 class ProcessGroupHOCCL : public c10d::Backend {
  public:
@@ -171,7 +122,7 @@ class ProcessGroupHOCCL : public c10d::Backend {
   bool everyRankShared(uint32_t parity, int64_t bytes) const;
   void checkWait(const Collective& c, int peer);
   void ensureP2P();
-  // CUDA tensors (process_group_cuda.cpp): order after the caller's stream, run on the comm
+  // CUDA tensors (cuda_tensors.cpp): order after the caller's stream, run on the comm
   // stream, copy-engine transport for the ops it covers, host staging for the rest.
   c10::intrusive_ptr<c10d::Work> enqueueCuda(c10d::OpType type, const std::vector<at::Tensor>& inputs,
                                              const std::vector<at::Tensor>& outputs,
@@ -214,6 +165,7 @@ class ProcessGroupHOCCL : public c10d::Backend {
   std::optional<c10::Stream> comm_;
   std::shared_ptr<void> ce_;  // CeGroup (type-erased: cuda-ce headers stay out of this header)
   HocclConfig config_;
+  HostTable hosts_;
   std::unique_ptr<ShmGroup> group_;
   std::unique_ptr<Executor> executor_;
   HugePagePromoter hugePages_;  // after config_: built from it

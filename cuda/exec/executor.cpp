@@ -11,39 +11,22 @@ char* Executor::resolve(const Loc& loc, const ExecContext& ctx) const {
   switch (loc.space) {
     case Space::In: return ctx.in[loc.index] + loc.offset;
     case Space::Out: return ctx.out[loc.index] + loc.offset;
-    case Space::Slot: return group_.slot(loc.index, (bufCursor_ + loc.buf) & 1) + loc.offset;
+    case Space::Slot: return transport_.slot(loc.index, (bufCursor_ + loc.buf) & 1) + loc.offset;
     default: return nullptr;  // remote: not addressable here
   }
 }
 
 // Index of a peer block in the published tables: inputs first, then outputs.
 size_t Executor::publishedIndex(const Loc& loc) const {
-  return static_cast<size_t>(loc.index) + (loc.space == Space::PeerOut ? group_.world() : 0);
-}
-
-uint64_t Executor::remoteAddress(const Loc& loc) const {
-  return group_.blockAddresses(loc.buf, addressParity_)[publishedIndex(loc)] + static_cast<uint64_t>(loc.offset);
+  return static_cast<size_t>(loc.index) + (loc.space == Space::PeerOut ? transport_.world() : 0);
 }
 
 const char* Executor::mappedPeer(const Loc& loc, size_t bytes) {
-  const SharedRegionRef& region = group_.blockRegions(loc.buf, addressParity_)[publishedIndex(loc)];
-  return peerMaps_.resolve(group_.pid(loc.buf), region, remoteAddress(loc), bytes);
+  return transport_.mapPeerBlock(loc.buf, addressParity_, publishedIndex(loc), loc.offset, bytes);
 }
 
-void Executor::publishAddresses(const ExecContext& ctx, uint32_t parity) {
-  uint64_t* table = group_.blockAddresses(group_.rank(), parity);
-  SharedRegionRef* regions = group_.blockRegions(group_.rank(), parity);
-  const size_t w = static_cast<size_t>(group_.world());
-  // A block's region is looked up from its first byte: a peer checks that what it reads lies
-  // inside the region and otherwise falls back to cross-memory reads.
-  for (size_t i = 0; i < ctx.in.size() && i < w; ++i) {
-    table[i] = reinterpret_cast<uint64_t>(ctx.in[i]);
-    regions[i] = findSharedRegion(ctx.in[i], 1);
-  }
-  for (size_t i = 0; i < ctx.out.size() && i < w; ++i) {
-    table[w + i] = reinterpret_cast<uint64_t>(ctx.out[i]);
-    regions[w + i] = findSharedRegion(ctx.out[i], 1);
-  }
+void Executor::readPeer(const Loc& loc, int64_t extraOffset, void* dst, size_t bytes) {
+  transport_.readPeerBlock(loc.buf, addressParity_, publishedIndex(loc), loc.offset + extraOffset, dst, bytes);
 }
 
 void Executor::copy(const Step& step, const ExecContext& ctx) {
@@ -52,10 +35,9 @@ void Executor::copy(const Step& step, const ExecContext& ctx) {
   if (step.src.remote()) {
     src = mappedPeer(step.src, static_cast<size_t>(step.bytes));
     if (!src) {
-      crossMemoryRead(group_.pid(step.src.buf), dst, remoteAddress(step.src), static_cast<size_t>(step.bytes));
+      readPeer(step.src, 0, dst, static_cast<size_t>(step.bytes));
       return;
     }
-    PeerMappings::countRead(static_cast<size_t>(step.bytes));
   } else {
     src = resolve(step.src, ctx);
   }
@@ -79,7 +61,6 @@ void Executor::reduce(const Step& step, const ExecContext& ctx) {
   for (int k = 0; k < n; ++k) {
     const Loc& l = step.srcs[k];
     whole[k] = l.remote() ? mappedPeer(l, stepBytes) : resolve(l, ctx);
-    if (l.remote() && whole[k]) PeerMappings::countRead(stepBytes);
     anyUnmapped = anyUnmapped || !whole[k];
   }
   std::vector<const void*> srcs(whole.begin(), whole.end());
@@ -97,7 +78,7 @@ void Executor::reduce(const Step& step, const ExecContext& ctx) {
         const Loc& l = step.srcs[k];
         if (!whole[k]) {
           char* tile = tiles_.data() + static_cast<size_t>(k) * tileElems * elem;
-          crossMemoryRead(group_.pid(l.buf), tile, remoteAddress(l) + off, static_cast<size_t>(len) * elem);
+          readPeer(l, off, tile, static_cast<size_t>(len) * elem);
           srcs[k] = tile;
         } else {
           srcs[k] = whole[k] + off;
@@ -106,7 +87,7 @@ void Executor::reduce(const Step& step, const ExecContext& ctx) {
       reduceInto(dst + off, srcs.data(), n, len, ctx.dtype, ctx.op);
     }
   }
-  if (step.finalize) postScale(dst, step.count, ctx.dtype, ctx.op, ctx.factor, group_.world());
+  if (step.finalize) postScale(dst, step.count, ctx.dtype, ctx.op, ctx.factor, transport_.world());
 }
 
 void Executor::run(const Plan& plan, ExecContext& ctx) {
@@ -122,13 +103,12 @@ void Executor::run(const Plan& plan, ExecContext& ctx) {
       case Step::Kind::Barrier: {
         uint32_t index = ++barriers_;
         if (first) {
-          group_.control(group_.rank()).desc[index & 1] = ctx.desc;
-          publishAddresses(ctx, index & 1);
+          transport_.publishDescriptor(index & 1, ctx.desc);
+          transport_.publishBlocks(index & 1, ctx.in, ctx.out);
           addressParity_ = index & 1;
           ctx.addressesPublished = true;
         }
-        group_.arrive(index);
-        group_.waitAll(index, ctx.check);
+        transport_.barrier(index, ctx.check);
         if (first && ctx.validate) ctx.validate(index & 1);
         first = false;
         break;

@@ -1,4 +1,4 @@
-// Runs a Plan on the shm transport. Owns the running counters every rank advances identically:
+// Runs a Plan on a transport (exec/transport.h). Owns the running counters every rank advances identically:
 // barrier sequence numbers and the staging-buffer cursor.
 #pragma once
 #include <c10/core/ScalarType.h>
@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "plan/plan.h"
-#include "transport/shm/shm_group.h"
+#include "exec/transport.h"
 
 namespace hoccl {
 
@@ -29,27 +29,25 @@ struct ExecContext {
 class Executor {
  public:
   // Copies into the op's outputs of at least streamingMinBytes (> 0) use streaming stores.
-  Executor(ShmGroup& group, int64_t streamingMinBytes) : group_(group), streamingMinBytes_(streamingMinBytes) {}
+  Executor(Transport& transport, int64_t streamingMinBytes)
+      : transport_(transport), streamingMinBytes_(streamingMinBytes) {}
   void run(const Plan& plan, ExecContext& ctx);
   // Once per collective, after its last plan: lets go of peers' shared tensors idle for a while.
-  void endOp() { peerMaps_.endOp(); }
+  void endOp() { transport_.endOp(); }
   // Barrier index the next barrier will use (parity selects descriptor/split buffers).
   uint32_t nextBarrier() const { return barriers_ + 1; }
 
  private:
   char* resolve(const Loc& loc, const ExecContext& ctx) const;
   size_t publishedIndex(const Loc& loc) const;
-  uint64_t remoteAddress(const Loc& loc) const;
-  // Peer memory as a local pointer when the block is a shared tensor this process can map;
-  // nullptr: read it with cross-memory copies.
+  // Peer memory as a local pointer when the transport can map it; nullptr: use readPeer.
   const char* mappedPeer(const Loc& loc, size_t bytes);
-  void publishAddresses(const ExecContext& ctx, uint32_t parity);
+  void readPeer(const Loc& loc, int64_t extraOffset, void* dst, size_t bytes);
   void copy(const Step& step, const ExecContext& ctx);
   void reduce(const Step& step, const ExecContext& ctx);
-  ShmGroup& group_;
+  Transport& transport_;
   int64_t streamingMinBytes_;
   uint32_t addressParity_ = 0;  // parity of the current op's first barrier
-  PeerMappings peerMaps_;
   std::vector<char> tiles_;     // per-source staging for reductions over remote memory
   uint32_t barriers_ = 0;
   uint32_t bufCursor_ = 0;

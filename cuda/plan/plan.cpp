@@ -66,7 +66,7 @@ bool readsPeersDirectly(const PlanRequest& req) {
   // all_reduce reads every byte twice across processes (reduce-scatter, then all-gather). While
   // the group's data fits the cache, direct reads win (one copy per byte); beyond it
   // process_vm_readv's per-page cost (~60 % of memcpy speed) makes staging plus streaming
-  // copies out faster (measured on the CI VM, README).
+  // copies out faster (measured on a 2-core VM: docs/benchmarks.md).
   // Mapped reads of shared tensors run at memcpy speed, so that limit does not apply to them.
   if (req.kind == OpKind::AllReduce && req.bytes * req.world >= req.allReduceDirectReadMaxBytes &&
       !req.everyTensorShared)

@@ -1,5 +1,5 @@
 // A Plan is the deterministic list of steps one rank runs for one collective. Algorithms only
-// build plans (plan_*.cpp); executors only run them (executor.cpp). Every rank builds its plan
+// build plans (plan/*.cpp); executors only run them (exec/executor.cpp). Every rank builds its plan
 // from the same inputs, so all ranks agree on barriers and staging-buffer use.
 #pragma once
 #include <cstdint>

@@ -1,4 +1,4 @@
-// Rooted reduce (the staged reduction of plan_allreduce.cpp, root only) and reduce_scatter.
+// Rooted reduce (the staged reduction of plan/allreduce.cpp, root only) and reduce_scatter.
 #include "plan/plan.h"
 #include "plan/plan_util.h"
 

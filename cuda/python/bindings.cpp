@@ -7,6 +7,8 @@
 #include "plan/plan.h"
 #include "backend/process_group.h"
 #include "transport/shm/shared_tensor.h"
+#include "common/config.h"
+#include "backend/host_table.h"
 
 namespace py = pybind11;
 
@@ -57,6 +59,30 @@ PYBIND11_MODULE(_C, m) {
         "bytes this process read from peers' shared tensors through mappings (all groups)");
   m.def("huge_page_promoted_bytes", &hoccl::HugePagePromoter::bytesPromoted,
         "bytes of reused peer-read buffers this process moved onto huge pages (all groups)");
+  m.def(
+      "config_table",
+      [] {
+        static const char* kinds[] = {"bytes", "integer", "choice", "text"};
+        static const char* readers[] = {"core", "python", "build", "tests"};
+        py::list rows;
+        for (const auto& v : hoccl::config::table()) {
+          py::dict row;
+          row["name"] = v.name;
+          row["kind"] = kinds[static_cast<int>(v.kind)];
+          row["read_by"] = readers[static_cast<int>(v.readBy)];
+          row["default"] = v.defaultValue;
+          row["choices"] = v.choices;
+          row["meaning"] = v.meaning;
+          rows.append(row);
+        }
+        return rows;
+      },
+      "every HOCCL_* variable: name, kind, who reads it, default, allowed values, meaning");
+  m.def("config_value", [](const std::string& name) { return hoccl::config::text(name); }, py::arg("name"),
+        "the variable's validated text (its default when unset); raises ValueError naming it when bad");
+  m.def("config_describe", &hoccl::config::describe, "the configuration in force, one line per variable");
+  m.def("host_identity", &hoccl::localHostIdentity,
+        "this process's host identity (HOCCL_HOSTNAME, else hostname + boot, /dev/shm and namespaces)");
   bindCuda(m);
 #ifdef HOCCL_WITH_CUDA
   m.attr("built_with_cuda") = true;

@@ -1,6 +1,6 @@
 // The reduction arithmetic on the GPU: the only SM work of the cuda-ce transport.
 //
-// The kernel (cuda/kernels/reduce.cu) is compiled by nvcc at build time into a fatbin that
+// The kernel (cuda/transport/ce/kernels/reduce.cu) is compiled by nvcc at build time into a fatbin that
 // scripts/embed_kernel.py embeds in a generated source; this file loads it with
 // cuModuleLoadData and launches it with cuLaunchKernel (no cudart). Built without nvcc, the
 // kernel is unavailable and reductions must run on the host (HOCCL_REDUCE_ON=host).

@@ -19,7 +19,7 @@ namespace hoccl {
 
 class HugePagePromoter {
  public:
-  // minBytes <= 0 turns promotion off (HOCCL_HUGEPAGES=0).
+  // minBytes <= 0 turns promotion off (HOCCL_HUGEPAGE_MIN_BYTES=0).
   explicit HugePagePromoter(int64_t minBytes) : minBytes_(minBytes) {}
 
   // The op publishes these spans for peers to read. Adjacent spans are merged first (the

@@ -237,3 +237,34 @@ void ShmGroup::checkAlive(int r, const std::string& what) const {
 }
 
 }  // namespace hoccl
+
+namespace hoccl {
+
+void ShmGroup::publishBlocks(uint32_t parity, const std::vector<char*>& in, const std::vector<char*>& out) {
+  uint64_t* table = blockAddresses(rank_, parity);
+  SharedRegionRef* regions = blockRegions(rank_, parity);
+  const size_t w = static_cast<size_t>(world_);
+  // A block's region is looked up from its first byte: a peer checks that what it reads lies
+  // inside the region and otherwise falls back to cross-memory reads.
+  for (size_t i = 0; i < in.size() && i < w; ++i) {
+    table[i] = reinterpret_cast<uint64_t>(in[i]);
+    regions[i] = findSharedRegion(in[i], 1);
+  }
+  for (size_t i = 0; i < out.size() && i < w; ++i) {
+    table[w + i] = reinterpret_cast<uint64_t>(out[i]);
+    regions[w + i] = findSharedRegion(out[i], 1);
+  }
+}
+
+const char* ShmGroup::mapPeerBlock(int r, uint32_t parity, size_t block, int64_t offset, size_t bytes) {
+  const uint64_t address = blockAddresses(r, parity)[block] + static_cast<uint64_t>(offset);
+  const char* p = peerMaps_.resolve(pid(r), blockRegions(r, parity)[block], address, bytes);
+  if (p) PeerMappings::countRead(bytes);
+  return p;
+}
+
+void ShmGroup::readPeerBlock(int r, uint32_t parity, size_t block, int64_t offset, void* dst, size_t bytes) {
+  crossMemoryRead(pid(r), dst, blockAddresses(r, parity)[block] + static_cast<uint64_t>(offset), bytes);
+}
+
+}  // namespace hoccl

@@ -10,23 +10,11 @@
 #include <functional>
 #include <string>
 
+#include "exec/transport.h"
 #include "transport/shm/shared_tensor.h"
 #include "transport/shm/shm_segment.h"
 
 namespace hoccl {
-
-// What each rank says it is doing; peers compare these after the first barrier of every op.
-struct OpDesc {
-  uint32_t opSeq;
-  int8_t kind;
-  int8_t dtype;
-  int8_t redop;
-  int8_t pad;
-  int32_t root;
-  int32_t pad2;
-  int64_t numel;  // the size every rank must agree on (op-specific meaning)
-  int64_t aux;    // op-specific second check (e.g. output numel)
-};
 
 struct alignas(64) RankControl {
   std::atomic<uint32_t> seq;  // barrier arrivals: futex word
@@ -64,19 +52,32 @@ struct ShmConfig {
 // Copies `bytes` from address `remote` in process `pid` into local `dst` (process_vm_readv).
 void crossMemoryRead(int pid, void* dst, uint64_t remote, size_t bytes);
 
-class ShmGroup {
+class ShmGroup : public Transport {
  public:
   ShmGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world, ShmConfig cfg,
            std::chrono::milliseconds timeout);
   ShmGroup(const ShmGroup&) = delete;
   ShmGroup& operator=(const ShmGroup&) = delete;
 
-  int rank() const { return rank_; }
-  int world() const { return world_; }
+  int rank() const override { return rank_; }
+  int world() const override { return world_; }
   size_t slotBytes() const { return cfg_.slotBytes; }
   size_t ringBytes() const { return cfg_.ringBytes; }
 
-  char* slot(int r, int buf) const;
+  char* slot(int r, int buf) const override;
+
+  // Transport (exec/transport.h). Peer blocks are read through mappings of shared tensors where
+  // the peer's block lies in one, else with cross-memory copies.
+  void publishDescriptor(uint32_t parity, const OpDesc& desc) override { control(rank_).desc[parity] = desc; }
+  OpDesc descriptor(int r, uint32_t parity) const override { return control(r).desc[parity]; }
+  void publishBlocks(uint32_t parity, const std::vector<char*>& in, const std::vector<char*>& out) override;
+  void barrier(uint32_t index, const std::function<void(int waitingFor)>& check) override {
+    arrive(index);
+    waitAll(index, check);
+  }
+  const char* mapPeerBlock(int r, uint32_t parity, size_t block, int64_t offset, size_t bytes) override;
+  void readPeerBlock(int r, uint32_t parity, size_t block, int64_t offset, void* dst, size_t bytes) override;
+  void endOp() override { peerMaps_.endOp(); }
   RankControl& control(int r) const;
   int64_t* splits(int r, int parity) const;  // 2*world entries: send bytes then recv bytes
   // 2*world entries: addresses (in rank r's own address space) of its input blocks, then output
@@ -115,6 +116,7 @@ class ShmGroup {
   int rank_, world_;
   ShmConfig cfg_;
   ShmSegment segment_;
+  PeerMappings peerMaps_;
   char* base_ = nullptr;
   GroupHeader* header_ = nullptr;
 };

@@ -1,0 +1,37 @@
+#include "backend/config.h"
+
+#include <algorithm>
+
+#include "common/config.h"
+
+namespace hoccl {
+
+HocclConfig HocclConfig::fromEnv(int world) {
+  config::validateAll();
+  HocclConfig c;
+  c.shm.slotBytes = static_cast<size_t>(config::bytes("HOCCL_SHM_SLOT_BYTES", 0, 4096));
+  // Rings are per ordered pair, so shrink them as the group grows.
+  int64_t ringAuto = std::max<int64_t>(64 << 10, std::min<int64_t>(1 << 20, (64LL << 20) / (world * world)));
+  c.shm.ringBytes = static_cast<size_t>(config::bytes("HOCCL_SHM_RING_BYTES", ringAuto, 4096));
+  c.oneShotMaxBytes = config::bytes("HOCCL_ALLREDUCE_ONESHOT_BYTES");
+  c.crossMemoryMinBytes = config::bytes("HOCCL_CMA_MIN_BYTES");
+  std::string cma = config::text("HOCCL_SHM_CMA");
+  c.shm.crossMemory = cma == "auto" ? -1 : (cma == "1" || cma == "on") ? 1 : 0;
+  c.inlineMaxBytes = config::bytes("HOCCL_INLINE_BYTES");
+  c.streamingCopyMinBytes = config::bytes("HOCCL_STREAMING_COPY_BYTES");
+  c.hugePageMinBytes = config::bytes("HOCCL_HUGEPAGE_MIN_BYTES");
+  // Cross-memory reads of reused buffers on huge pages are faster (docs/benchmarks.md), which
+  // moves the point where staging beats all_reduce's two direct reads per byte further out.
+  c.allReduceDirectReadMaxBytes =
+      config::bytes("HOCCL_ALLREDUCE_CMA_MAX_BYTES", c.hugePageMinBytes > 0 ? 256 << 20 : 64 << 20);
+  c.alltoallPlanCache = config::integer("HOCCL_ALLTOALL_PLAN_CACHE", 0, 0);
+  c.cudaViaHostOnly = config::text("HOCCL_CUDA_TRANSPORT") == "host";
+  std::string dbg = config::text("HOCCL_DEBUG");
+  c.debug = dbg == "TRACE" ? 2 : (dbg == "INFO" ? 1 : 0);
+  std::string algo = config::text("HOCCL_ALLTOALL_ALGO");
+  c.alltoall = algo == "direct" ? AllToAllAlgo::Direct
+               : algo == "pairwise" ? AllToAllAlgo::Pairwise : AllToAllAlgo::VarioPath;
+  return c;
+}
+
+}  // namespace hoccl

@@ -1,0 +1,28 @@
+// The settings a process group runs with, read once from the configuration table
+// (common/config.h) when the group is created.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "transport/shm/shm_group.h"
+
+namespace hoccl {
+
+enum class AllToAllAlgo { Direct, Pairwise, VarioPath };
+
+struct HocclConfig {
+  ShmConfig shm;
+  int64_t oneShotMaxBytes = 64 << 10;
+  int64_t crossMemoryMinBytes = 256 << 10;
+  int64_t allReduceDirectReadMaxBytes = 64 << 20;  // all_reduce: direct reads below bytes x world
+  int64_t inlineMaxBytes = 64 << 10;  // run smaller collectives on the caller's thread when idle
+  int64_t streamingCopyMinBytes = 1 << 20;  // copies into outputs from this size bypass the cache
+  int64_t hugePageMinBytes = 4 << 20;  // reused peer-read buffers from this size go on huge pages (0: off)
+  int64_t alltoallPlanCache = 8;       // VarioPath plans kept for repeated split matrices (0: off)
+  bool cudaViaHostOnly = false;  // HOCCL_CUDA_TRANSPORT=host
+  int debug = 0;  // 0 off, 1 INFO, 2 TRACE
+  AllToAllAlgo alltoall = AllToAllAlgo::Direct;
+  static HocclConfig fromEnv(int world);
+};
+
+}  // namespace hoccl

@@ -1,0 +1,229 @@
+#include "backend/collective.h"
+#include "backend/tensor_args.h"
+
+namespace hoccl {
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::broadcast(std::vector<at::Tensor>& tensors,
+                                                            const c10d::BroadcastOptions& opts) {
+  TORCH_CHECK(tensors.size() == 1, "hoccl broadcast on rank ", rank_, ": expects one tensor");
+  checkRoot(static_cast<int>(opts.rootRank), size_, "broadcast", rank_);
+  if (auto w = tryCuda("broadcast", c10d::OpType::BROADCAST, tensors, tensors,
+                       [&](const std::vector<at::Tensor>&, const std::vector<at::Tensor>& ho) {
+                         std::vector<at::Tensor> v{ho[0]};
+                         broadcast(v, opts);
+                       },
+                       ceBroadcast(tensors[0], static_cast<int>(opts.rootRank))))
+    return *w;
+  checkTensor(tensors[0], "broadcast", rank_);
+  Staged s(tensors[0]);
+  int root = static_cast<int>(opts.rootRank);
+  return enqueue(c10d::OpType::BROADCAST, tensors, [this, s, root] {
+    Collective c{"broadcast"};
+    c.req.kind = OpKind::Broadcast;
+    c.req.root = root;
+    c.req.elemSize = s.work.element_size();
+    c.req.bytes = nbytes(s.work);
+    c.ctx.in = c.ctx.out = {ptr(s.work)};
+    c.ctx.dtype = s.work.scalar_type();
+    c.ctx.desc.numel = s.work.numel();
+    runCollective(c);
+    s.writeBack();
+  }, nbytes(tensors[0]));
+}
+
+void ProcessGroupHOCCL::allgatherBlocks(const at::Tensor& input, const std::vector<at::Tensor>& outputs,
+                                        OpKind kind, int root) {
+  Collective c{kind == OpKind::Gather ? "gather" : "all_gather"};
+  c.req.kind = kind;
+  c.req.root = root;
+  c.req.elemSize = input.element_size();
+  c.req.bytes = nbytes(input);
+  c.ctx.in = {ptr(input)};
+  c.ctx.out.assign(size_, nullptr);
+  for (size_t r = 0; r < outputs.size(); ++r) c.ctx.out[r] = ptr(outputs[r]);
+  c.ctx.dtype = input.scalar_type();
+  c.ctx.desc.numel = input.numel();
+  runCollective(c);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                            std::vector<at::Tensor>& inputs,
+                                                            const c10d::AllgatherOptions&) {
+  TORCH_CHECK(inputs.size() == 1 && outputs.size() == 1, "hoccl all_gather on rank ", rank_,
+              ": expects one input and one output list");
+  if (auto w = tryCuda("all_gather", c10d::OpType::ALLGATHER, inputs, outputs[0],
+                       [&](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
+                         std::vector<std::vector<at::Tensor>> o{ho};
+                         std::vector<at::Tensor> i{hi[0]};
+                         allgather(o, i, c10d::AllgatherOptions());
+                       }))
+    return *w;
+  checkTensor(inputs[0], "all_gather", rank_);
+  TORCH_CHECK(static_cast<int>(outputs[0].size()) == size_, "hoccl all_gather on rank ", rank_,
+              ": output list has ", outputs[0].size(), " tensors but the group has ", size_, " ranks");
+  std::vector<Staged> outs;
+  for (auto& t : outputs[0]) {
+    checkTensor(t, "all_gather", rank_);
+    checkSameAs(t, inputs[0], "all_gather", rank_, "an output tensor");
+    outs.emplace_back(t);
+  }
+  at::Tensor in = inputs[0].contiguous();
+  return enqueue(c10d::OpType::ALLGATHER, outputs[0], [this, in, outs] {
+    std::vector<at::Tensor> o;
+    for (auto& s : outs) o.push_back(s.work);
+    allgatherBlocks(in, o, OpKind::AllGather, 0);
+    for (auto& s : outs) s.writeBack();
+  }, nbytes(inputs[0]) * size_);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                                  const c10d::AllgatherOptions& opts) {
+  if (auto w = tryCuda("all_gather_into_tensor", c10d::OpType::_ALLGATHER_BASE, {input}, {output},
+                       [&](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
+                         at::Tensor o = ho[0], i = hi[0];
+                         _allgather_base(o, i, opts);
+                       },
+                       output.numel() == input.numel() * size_ && output.scalar_type() == input.scalar_type()
+                           ? ceAllGather(output, input) : nullptr))
+    return *w;
+  checkTensor(input, "all_gather_into_tensor", rank_);
+  checkTensor(output, "all_gather_into_tensor", rank_);
+  TORCH_CHECK(output.scalar_type() == input.scalar_type(), "hoccl all_gather_into_tensor on rank ", rank_,
+              ": output dtype ", output.scalar_type(), " differs from input dtype ", input.scalar_type());
+  TORCH_CHECK(output.numel() == input.numel() * size_, "hoccl all_gather_into_tensor on rank ", rank_,
+              ": output has ", output.numel(), " elements but must have world_size x input = ",
+              input.numel() * size_);
+  Staged out(output);
+  at::Tensor in = input.contiguous();
+  return enqueue(c10d::OpType::_ALLGATHER_BASE, {output}, [this, in, out] {
+    auto flat = out.work.view({-1});
+    std::vector<at::Tensor> blocks;
+    for (int r = 0; r < size_; ++r) blocks.push_back(flat.narrow(0, r * in.numel(), in.numel()));
+    allgatherBlocks(in, blocks, OpKind::AllGather, 0);
+    out.writeBack();
+  }, nbytes(output));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
+  TORCH_CHECK(outputs.size() == inputs.size(), "hoccl allgather_into_tensor_coalesced on rank ", rank_,
+              ": ", outputs.size(), " outputs for ", inputs.size(), " inputs");
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  for (size_t i = 0; i < inputs.size(); ++i) works.push_back(_allgather_base(outputs[i], inputs[i], opts));
+  return c10::make_intrusive<WorkGroupHOCCL>(rank_, std::move(works));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& outputLists, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  // outputLists[r][i] receives rank r's inputs[i].
+  TORCH_CHECK(static_cast<int>(outputLists.size()) == size_, "hoccl allgather_coalesced on rank ", rank_,
+              ": ", outputLists.size(), " output lists for a group of ", size_, " ranks");
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  std::vector<at::Tensor> all;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    std::vector<std::vector<at::Tensor>> o(1);
+    for (int r = 0; r < size_; ++r) {
+      TORCH_CHECK(outputLists[r].size() == inputs.size(), "hoccl allgather_coalesced on rank ", rank_,
+                  ": output list ", r, " has ", outputLists[r].size(), " tensors for ", inputs.size(), " inputs");
+      o[0].push_back(outputLists[r][i]);
+      all.push_back(outputLists[r][i]);
+    }
+    std::vector<at::Tensor> in{inputs[i]};
+    works.push_back(allgather(o, in, opts));
+  }
+  return c10::make_intrusive<WorkGroupHOCCL>(rank_, std::move(works));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                         std::vector<at::Tensor>& inputs,
+                                                         const c10d::GatherOptions& opts) {
+  int root = static_cast<int>(opts.rootRank);
+  checkRoot(root, size_, "gather", rank_);
+  TORCH_CHECK(inputs.size() == 1, "hoccl gather on rank ", rank_, ": expects one input tensor");
+  if (auto w = tryCuda("gather", c10d::OpType::GATHER, inputs, outputs.empty() ? std::vector<at::Tensor>{} : outputs[0],
+                       [&](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
+                         std::vector<std::vector<at::Tensor>> o;
+                         if (!outputs.empty()) o.push_back(ho);
+                         std::vector<at::Tensor> i{hi[0]};
+                         gather(o, i, opts);
+                       }))
+    return *w;
+  checkTensor(inputs[0], "gather", rank_);
+  std::vector<Staged> outs;
+  if (rank_ == root) {
+    TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == size_, "hoccl gather on rank ",
+                rank_, ": the root needs a list of ", size_, " output tensors");
+    for (auto& t : outputs[0]) {
+      checkTensor(t, "gather", rank_);
+      checkSameAs(t, inputs[0], "gather", rank_, "an output tensor");
+      outs.emplace_back(t);
+    }
+  } else {
+    TORCH_CHECK(outputs.empty() || outputs[0].empty(), "hoccl gather on rank ", rank_,
+                ": only the root (rank ", root, ") may pass output tensors");
+  }
+  at::Tensor in = inputs[0].contiguous();
+  std::vector<at::Tensor> result = outputs.empty() ? std::vector<at::Tensor>{} : outputs[0];
+  return enqueue(c10d::OpType::GATHER, result, [this, in, outs, root] {
+    std::vector<at::Tensor> o;
+    for (auto& s : outs) o.push_back(s.work);
+    allgatherBlocks(in, o, OpKind::Gather, root);
+    for (auto& s : outs) s.writeBack();
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::scatter(std::vector<at::Tensor>& outputs,
+                                                          std::vector<std::vector<at::Tensor>>& inputs,
+                                                          const c10d::ScatterOptions& opts) {
+  int root = static_cast<int>(opts.rootRank);
+  checkRoot(root, size_, "scatter", rank_);
+  TORCH_CHECK(outputs.size() == 1, "hoccl scatter on rank ", rank_, ": expects one output tensor");
+  if (auto w = tryCuda("scatter", c10d::OpType::SCATTER, inputs.empty() ? std::vector<at::Tensor>{} : inputs[0], outputs,
+                       [&](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
+                         std::vector<std::vector<at::Tensor>> i;
+                         if (!inputs.empty()) i.push_back(hi);
+                         std::vector<at::Tensor> o{ho[0]};
+                         scatter(o, i, opts);
+                       }))
+    return *w;
+  checkTensor(outputs[0], "scatter", rank_);
+  std::vector<at::Tensor> ins;
+  if (rank_ == root) {
+    TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == size_, "hoccl scatter on rank ",
+                rank_, ": the root needs a list of ", size_, " input tensors");
+    for (auto& t : inputs[0]) {
+      checkTensor(t, "scatter", rank_);
+      checkSameAs(t, outputs[0], "scatter", rank_, "an input tensor");
+      ins.push_back(t.contiguous());
+    }
+  } else {
+    TORCH_CHECK(inputs.empty() || inputs[0].empty(), "hoccl scatter on rank ", rank_,
+                ": only the root (rank ", root, ") may pass input tensors");
+  }
+  Staged out(outputs[0]);
+  return enqueue(c10d::OpType::SCATTER, outputs, [this, ins, out, root] {
+    Collective c{"scatter"};
+    c.req.kind = OpKind::Scatter;
+    c.req.root = root;
+    c.req.elemSize = out.work.element_size();
+    c.req.bytes = nbytes(out.work);
+    c.ctx.in.assign(size_, nullptr);
+    for (size_t r = 0; r < ins.size(); ++r) c.ctx.in[r] = ptr(ins[r]);
+    c.ctx.out = {ptr(out.work)};
+    c.ctx.dtype = out.work.scalar_type();
+    c.ctx.desc.numel = out.work.numel();
+    runCollective(c);
+    out.writeBack();
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::barrier(const c10d::BarrierOptions&) {
+  return enqueue(c10d::OpType::BARRIER, {}, [this] {
+    Collective c{"barrier"};
+    c.req.kind = OpKind::Barrier;
+    runCollective(c);
+  }, 0);
+}
+
+}  // namespace hoccl

@@ -1,0 +1,198 @@
+#include "backend/collective.h"
+#include "backend/tensor_args.h"
+
+namespace hoccl {
+
+void ProcessGroupHOCCL::allreduceTensor(const at::Tensor& t, RedOp op, double factor) {
+  const at::Tensor tensor = reducible(t);
+  Collective c{"all_reduce"};
+  c.req.kind = OpKind::AllReduce;
+  c.req.elemSize = tensor.element_size();
+  c.req.bytes = nbytes(tensor);
+  c.ctx.in = {ptr(tensor)};
+  c.ctx.out = {ptr(tensor)};
+  c.ctx.dtype = tensor.scalar_type();
+  c.ctx.op = op;
+  c.ctx.factor = factor;
+  c.ctx.desc.numel = tensor.numel();
+  runCollective(c);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allreduce(std::vector<at::Tensor>& tensors,
+                                                            const c10d::AllreduceOptions& opts) {
+  TORCH_CHECK(tensors.size() == 1, "hoccl all_reduce on rank ", rank_, ": expects one tensor, got ", tensors.size());
+  double factor;
+  RedOp op = toRedOp(opts.reduceOp, &factor, "all_reduce");
+  if (tensors[0].is_sparse()) return allreduceSparse(tensors, op);
+  if (auto w = tryCuda("all_reduce", c10d::OpType::ALLREDUCE, tensors, tensors,
+                       [&](const std::vector<at::Tensor>&, const std::vector<at::Tensor>& ho) {
+                         std::vector<at::Tensor> v{ho[0]};
+                         allreduce(v, opts);
+                       },
+                       tensors[0].is_complex() ? nullptr : ceAllReduce(tensors[0], op, factor)))
+    return *w;
+  checkTensor(tensors[0], "all_reduce", rank_);
+  checkReduceArgs(tensors[0], op, "all_reduce", rank_);
+  Staged s(tensors[0]);
+  return enqueue(c10d::OpType::ALLREDUCE, tensors, [this, s, op, factor] {
+    allreduceTensor(s.work, op, factor);
+    s.writeBack();
+  }, nbytes(tensors[0]));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allreduceSparse(std::vector<at::Tensor>& tensors, RedOp op) {
+  const at::Tensor& t = tensors[0];
+  TORCH_CHECK(t.layout() == at::kSparse, "hoccl all_reduce on rank ", rank_, ": ", t.layout(),
+              " tensors are not supported (sparse COO is)");
+  TORCH_CHECK(t.device().is_cpu(), "hoccl all_reduce on rank ", rank_,
+              ": sparse tensors must be on the CPU (got ", t.device(), ")");
+  TORCH_CHECK(op == RedOp::Sum || (op == RedOp::Avg && (t.is_floating_point() || t.is_complex())),
+              "hoccl all_reduce on rank ", rank_, ": sparse tensors support SUM (and AVG for floating dtypes), not ",
+              redOpName(op), " on ", t.scalar_type());
+  return enqueue(c10d::OpType::ALLREDUCE, tensors, [this, t, op] { runSparseAllreduce(t, op); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  if (anyCuda(tensors)) {
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    for (auto& t : tensors) {
+      std::vector<at::Tensor> v{t};
+      works.push_back(allreduce(v, opts));
+    }
+    return c10::make_intrusive<WorkGroupHOCCL>(rank_, std::move(works));
+  }
+  double factor;
+  RedOp op = toRedOp(opts.reduceOp, &factor, "allreduce_coalesced");
+  std::vector<Staged> staged;
+  for (auto& t : tensors) {
+    checkTensor(t, "allreduce_coalesced", rank_);
+    checkReduceArgs(t, op, "allreduce_coalesced", rank_);
+    staged.emplace_back(t);
+  }
+  return enqueue(c10d::OpType::ALLREDUCE_COALESCED, tensors, [this, staged, op, factor] {
+    for (const auto& s : staged) {
+      allreduceTensor(s.work, op, factor);
+      s.writeBack();
+    }
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::reduce(std::vector<at::Tensor>& tensors,
+                                                         const c10d::ReduceOptions& opts) {
+  TORCH_CHECK(tensors.size() == 1, "hoccl reduce on rank ", rank_, ": expects one tensor");
+  if (auto w = tryCuda("reduce", c10d::OpType::REDUCE, tensors, tensors,
+                       [&](const std::vector<at::Tensor>&, const std::vector<at::Tensor>& ho) {
+                         std::vector<at::Tensor> v{ho[0]};
+                         reduce(v, opts);
+                       }))
+    return *w;
+  checkTensor(tensors[0], "reduce", rank_);
+  checkRoot(static_cast<int>(opts.rootRank), size_, "reduce", rank_);
+  double factor;
+  RedOp op = toRedOp(opts.reduceOp, &factor, "reduce");
+  checkReduceArgs(tensors[0], op, "reduce", rank_);
+  Staged s(tensors[0]);
+  int root = static_cast<int>(opts.rootRank);
+  return enqueue(c10d::OpType::REDUCE, tensors, [this, s, root, op, factor] {
+    const at::Tensor t = reducible(s.work);
+    Collective c{"reduce"};
+    c.req.kind = OpKind::Reduce;
+    c.req.root = root;
+    c.req.elemSize = t.element_size();
+    c.req.bytes = nbytes(t);
+    c.ctx.in = c.ctx.out = {ptr(t)};
+    c.ctx.dtype = t.scalar_type();
+    c.ctx.op = op;
+    c.ctx.factor = factor;
+    c.ctx.desc.numel = t.numel();
+    runCollective(c);
+    s.writeBack();
+  }, nbytes(tensors[0]));
+}
+
+void ProcessGroupHOCCL::reduceScatterBlocks(const std::vector<at::Tensor>& inputs, const at::Tensor& out,
+                                            RedOp op, double factor) {
+  const at::Tensor output = reducible(out);
+  Collective c{"reduce_scatter"};
+  c.req.kind = OpKind::ReduceScatter;
+  c.req.elemSize = output.element_size();
+  c.req.bytes = nbytes(output);
+  for (auto& t : inputs) c.ctx.in.push_back(ptr(t));
+  c.ctx.out = {ptr(output)};
+  c.ctx.dtype = output.scalar_type();
+  c.ctx.op = op;
+  c.ctx.factor = factor;
+  c.ctx.desc.numel = output.numel();
+  runCollective(c);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<std::vector<at::Tensor>>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts) {
+  TORCH_CHECK(outputs.size() == 1 && inputs.size() == 1, "hoccl reduce_scatter on rank ", rank_,
+              ": expects one output and one input list");
+  if (auto w = tryCuda("reduce_scatter", c10d::OpType::REDUCE_SCATTER, inputs[0], outputs,
+                       [&](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
+                         std::vector<std::vector<at::Tensor>> i{hi};
+                         std::vector<at::Tensor> o{ho[0]};
+                         reduce_scatter(o, i, opts);
+                       }))
+    return *w;
+  checkTensor(outputs[0], "reduce_scatter", rank_);
+  TORCH_CHECK(static_cast<int>(inputs[0].size()) == size_, "hoccl reduce_scatter on rank ", rank_,
+              ": input list has ", inputs[0].size(), " tensors but the group has ", size_, " ranks");
+  double factor;
+  RedOp op = toRedOp(opts.reduceOp, &factor, "reduce_scatter");
+  checkReduceArgs(outputs[0], op, "reduce_scatter", rank_);
+  std::vector<at::Tensor> ins;
+  for (auto& t : inputs[0]) {
+    checkTensor(t, "reduce_scatter", rank_);
+    checkSameAs(t, outputs[0], "reduce_scatter", rank_, "an input tensor");
+    ins.push_back(t.contiguous());
+  }
+  Staged out(outputs[0]);
+  return enqueue(c10d::OpType::REDUCE_SCATTER, outputs, [this, ins, out, op, factor] {
+    reduceScatterBlocks(ins, out.work, op, factor);
+    out.writeBack();
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                                       const c10d::ReduceScatterOptions& opts) {
+  if (auto w = tryCuda("reduce_scatter_tensor", c10d::OpType::_REDUCE_SCATTER_BASE, {input}, {output},
+                       [&](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
+                         at::Tensor o = ho[0], i = hi[0];
+                         _reduce_scatter_base(o, i, opts);
+                       }))
+    return *w;
+  checkTensor(input, "reduce_scatter_tensor", rank_);
+  checkTensor(output, "reduce_scatter_tensor", rank_);
+  TORCH_CHECK(output.scalar_type() == input.scalar_type(), "hoccl reduce_scatter_tensor on rank ", rank_,
+              ": output dtype ", output.scalar_type(), " differs from input dtype ", input.scalar_type());
+  TORCH_CHECK(input.numel() == output.numel() * size_, "hoccl reduce_scatter_tensor on rank ", rank_,
+              ": input has ", input.numel(), " elements but must have world_size x output = ",
+              output.numel() * size_);
+  double factor;
+  RedOp op = toRedOp(opts.reduceOp, &factor, "reduce_scatter_tensor");
+  checkReduceArgs(output, op, "reduce_scatter_tensor", rank_);
+  at::Tensor in = input.contiguous().view({-1});
+  Staged out(output);
+  return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, {output}, [this, in, out, op, factor] {
+    std::vector<at::Tensor> blocks;
+    for (int r = 0; r < size_; ++r) blocks.push_back(in.narrow(0, r * out.work.numel(), out.work.numel()));
+    reduceScatterBlocks(blocks, out.work, op, factor);
+    out.writeBack();
+  }, nbytes(input));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
+  TORCH_CHECK(outputs.size() == inputs.size(), "hoccl reduce_scatter_tensor_coalesced on rank ", rank_, ": ",
+              outputs.size(), " outputs for ", inputs.size(), " inputs");
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  for (size_t i = 0; i < inputs.size(); ++i) works.push_back(_reduce_scatter_base(outputs[i], inputs[i], opts));
+  return c10::make_intrusive<WorkGroupHOCCL>(rank_, std::move(works));
+}
+
+}  // namespace hoccl

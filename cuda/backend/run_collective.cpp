@@ -1,0 +1,209 @@
+#include "backend/collective.h"
+
+#include <cstdio>
+#include <sstream>
+
+#include "transport/shm/shared_tensor.h"
+
+namespace hoccl {
+
+void ProcessGroupHOCCL::checkWait(const Collective& c, int peer) {
+  std::string prefix = std::string("hoccl ") + c.opName + " on rank " + std::to_string(rank_) + ": ";
+  if (group_->aborted())
+    throw std::runtime_error(prefix + "the group was aborted: " + group_->abortMessage());
+  if (std::chrono::steady_clock::now() > c.deadline) {
+    std::string msg = prefix + "Timed out after " + std::to_string(timeout_.count()) +
+                      " ms waiting for rank " + std::to_string(peer) + " to reach collective #" +
+                      std::to_string(c.ctx.desc.opSeq);
+    group_->abort(msg);
+    throw std::runtime_error(msg);
+  }
+  try {
+    group_->checkAlive(peer, prefix + "waiting for a peer");
+  } catch (const std::exception& e) {
+    group_->abort(e.what());
+    throw;
+  }
+}
+
+void ProcessGroupHOCCL::validateDescriptors(const Collective& c, uint32_t parity) const {
+  const OpDesc& mine = c.ctx.desc;
+  bool agree = true;  // the common case, checked without building any message
+  for (int r = 0; r < size_ && agree; ++r) {
+    const OpDesc d = group_->control(r).desc[parity];
+    agree = d.kind == mine.kind && d.dtype == mine.dtype && d.numel == mine.numel && d.root == mine.root &&
+            d.redop == mine.redop && d.opSeq == mine.opSeq;
+  }
+  if (agree) return;
+  std::ostringstream err;
+  for (int r = 0; r < size_; ++r) {
+    const OpDesc d = group_->control(r).desc[parity];
+    if (d.kind != mine.kind)
+      err << "; rank " << r << " called " << opKindName(static_cast<OpKind>(d.kind));
+    else if (d.dtype != mine.dtype)
+      err << "; rank " << r << " passed dtype " << c10::toString(static_cast<c10::ScalarType>(d.dtype))
+          << " but rank " << rank_ << " passed " << c10::toString(static_cast<c10::ScalarType>(mine.dtype));
+    else if (d.numel != mine.numel)
+      err << "; rank " << r << " passed " << d.numel << " elements but rank " << rank_ << " passed "
+          << mine.numel;
+    else if (d.root != mine.root)
+      err << "; rank " << r << " used root " << d.root << " but rank " << rank_ << " used " << mine.root;
+    else if (d.redop != mine.redop)
+      err << "; rank " << r << " used op " << redOpName(static_cast<RedOp>(d.redop)) << " but rank "
+          << rank_ << " used " << redOpName(static_cast<RedOp>(mine.redop));
+    else if (d.opSeq != mine.opSeq)
+      err << "; rank " << r << " is at collective #" << d.opSeq << " but rank " << rank_ << " is at #"
+          << mine.opSeq;
+  }
+  std::string e = err.str();
+  if (!e.empty())
+    throw std::invalid_argument(std::string("hoccl ") + c.opName + " on rank " + std::to_string(rank_) +
+                                ": ranks disagree (this rank called " +
+                                opKindName(static_cast<OpKind>(mine.kind)) + ")" + e);
+}
+
+void ProcessGroupHOCCL::validateSplits(const Collective& c, uint32_t parity) const {
+  std::ostringstream err;
+  for (int s = 0; s < size_; ++s)
+    for (int d = 0; d < size_; ++d) {
+      int64_t sent = group_->splits(s, parity)[d];
+      int64_t expected = group_->splits(d, parity)[size_ + s];
+      if (sent != expected)
+        err << "; rank " << s << " sends " << sent << " bytes to rank " << d << " but rank " << d
+            << " expects " << expected << " bytes from rank " << s;
+    }
+  std::string e = err.str();
+  if (!e.empty())
+    throw std::invalid_argument(std::string("hoccl ") + c.opName + " on rank " + std::to_string(rank_) +
+                                ": split sizes disagree between senders and receivers" + e);
+}
+
+std::shared_ptr<const Plan> ProcessGroupHOCCL::planFor(const PlanRequest& req) {
+  const auto key = std::make_tuple(int(req.kind), req.root, int64_t(req.elemSize), req.bytes, bool(req.crossMemory),
+                                   req.addressesPublished, req.everyTensorShared);
+  std::lock_guard<std::mutex> lock(planMutex_);
+  auto it = planCache_.find(key);
+  if (it != planCache_.end()) return it->second;
+  auto plan = std::make_shared<const Plan>(buildPlan(req));
+  if (planCache_.size() > 256) planCache_.clear();
+  planCache_[key] = plan;
+  return plan;
+}
+
+bool ProcessGroupHOCCL::everyRankShared(uint32_t parity, int64_t bytes) const {
+  for (int r = 0; r < size_; ++r) {
+    const SharedRegionRef& ref = group_->blockRegions(r, parity)[0];
+    if (!ref.covers(group_->blockAddresses(r, parity)[0], static_cast<uint64_t>(bytes))) return false;
+  }
+  return true;
+}
+
+// Before peers are told where this rank's buffers are: the blocks they will read with
+// process_vm_readv go on huge pages when their range comes back (huge_pages.h). Only plans that
+// read peers directly pin pages (the planner's own test decides); shared tensors are mapped, not
+// pinned, and are left alone.
+void ProcessGroupHOCCL::promoteReusedBuffers(const Collective& c) {
+  if (config_.hugePageMinBytes <= 0 || !readsPeersDirectly(c.req)) return;
+  std::vector<std::pair<const char*, size_t>> spans;
+  for (size_t i = 0; i < c.ctx.in.size(); ++i) {
+    if (!c.ctx.in[i] || (c.req.kind == OpKind::AllToAll && static_cast<int>(i) == rank_)) continue;
+    size_t n = static_cast<size_t>(c.req.kind == OpKind::AllToAll ? c.sendBytes[i] : c.req.bytes);
+    if (n > 0 && findSharedRegion(c.ctx.in[i], n).fd < 0) spans.emplace_back(c.ctx.in[i], n);
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  uint64_t promoted = hugePages_.notePeerReadable(std::move(spans));
+  if (promoted > 0 && config_.debug >= 1)
+    std::fprintf(stderr, "[hoccl rank %d] %s #%u: %.1f MiB of a reused buffer moved onto huge pages in %.1f ms\n",
+                 rank_, c.opName, c.ctx.desc.opSeq, promoted / 1048576.0,
+                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+}
+
+void ProcessGroupHOCCL::runCollective(Collective& c) {
+  auto start = std::chrono::steady_clock::now();
+  c.deadline = start + timeout_;
+  c.req.rank = rank_;
+  c.req.world = size_;
+  c.req.slotBytes = static_cast<int64_t>(group_->slotBytes());
+  c.req.oneShotMaxBytes = config_.oneShotMaxBytes;
+  c.req.crossMemory = group_->crossMemory();
+  c.req.crossMemoryMinBytes = config_.crossMemoryMinBytes;
+  c.req.allReduceDirectReadMaxBytes = config_.allReduceDirectReadMaxBytes;
+  c.ctx.desc.opSeq = ++opSeq_;
+  c.ctx.desc.kind = static_cast<int8_t>(c.req.kind);
+  c.ctx.desc.dtype = static_cast<int8_t>(c.ctx.dtype);
+  c.ctx.desc.redop = static_cast<int8_t>(c.ctx.op);
+  c.ctx.desc.root = c.req.root;
+  c.ctx.check = [&](int peer) { checkWait(c, peer); };
+  if (group_->aborted())
+    throw std::runtime_error(std::string("hoccl ") + c.opName + " on rank " + std::to_string(rank_) +
+                             ": the group was aborted earlier: " + group_->abortMessage());
+
+  promoteReusedBuffers(c);
+
+  std::shared_ptr<const Plan> plan;
+  if (c.req.kind == OpKind::AllToAll) {
+    // First barrier: exchange split sizes (the tiny allgather) and check them.
+    uint32_t parity = executor_->nextBarrier() & 1;
+    std::copy(c.sendBytes.begin(), c.sendBytes.end(), group_->splits(rank_, parity));
+    std::copy(c.recvBytes.begin(), c.recvBytes.end(), group_->splits(rank_, parity) + size_);
+    c.ctx.validate = [&](uint32_t p) {
+      validateDescriptors(c, p);
+      validateSplits(c, p);
+    };
+    PlanRequest exchange = c.req;
+    exchange.kind = OpKind::Barrier;
+    executor_->run(buildPlan(exchange), c.ctx);
+    std::vector<int64_t> matrix(static_cast<size_t>(size_) * size_);
+    for (int s = 0; s < size_; ++s)
+      for (int d = 0; d < size_; ++d) matrix[s * size_ + d] = group_->splits(s, parity)[d];
+    c.req.phases = scheduleAllToAll(matrix);
+    // Plan choices must agree on every rank: size them by the whole exchange, not by my part.
+    int64_t total = 0;
+    for (int64_t v : matrix) total += v;
+    c.req.bytes = total / size_;
+    c.ctx.validate = nullptr;
+    Plan phased = buildPlan(c.req);
+    std::string algo = config_.alltoall == AllToAllAlgo::Pairwise ? "pairwise"
+                       : (config_.alltoall == AllToAllAlgo::VarioPath && hasChannels_) ? "varipath"
+                                                                                             : "direct";
+    phased.algo = "alltoall/" + algo;
+    plan = std::make_shared<const Plan>(std::move(phased));
+  } else if (allReduceChoosesAfterPublishing(c.req)) {
+    // Past the direct-read limit, staging beats cross-memory reads but not mapped reads of
+    // shared tensors. One barrier publishes every rank's address and region (and checks the
+    // descriptors); every rank then reads the same table and picks the same plan. For ordinary
+    // tensors this costs one barrier on an op of tens of milliseconds.
+    uint32_t parity = executor_->nextBarrier() & 1;
+    c.ctx.validate = [&](uint32_t p) { validateDescriptors(c, p); };
+    PlanRequest publish = c.req;
+    publish.kind = OpKind::Barrier;
+    executor_->run(buildPlan(publish), c.ctx);
+    c.ctx.validate = nullptr;
+    c.req.addressesPublished = true;
+    c.req.everyTensorShared = everyRankShared(parity, c.req.bytes);
+    plan = planFor(c.req);
+  } else {
+    c.ctx.validate = [&](uint32_t p) { validateDescriptors(c, p); };
+    plan = planFor(c.req);
+  }
+  {
+    std::lock_guard<std::mutex> lock(lastAlgoMutex_);
+    lastAlgo_ = plan->algo;
+  }
+  if (config_.debug >= 2) std::fprintf(stderr, "[hoccl rank %d] %s", rank_, plan->describe().c_str());
+  const uint64_t mappedBefore = config_.debug >= 1 ? PeerMappings::bytesRead() : 0;
+  executor_->run(*plan, c.ctx);
+  executor_->endOp();
+  if (config_.debug >= 1) {
+    double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+    // mapped = bytes read from peers' shared tensors (hoccl_backend.empty) through mappings
+    // (process-wide counter: approximate while other groups run ops on other threads).
+    std::fprintf(stderr, "[hoccl rank %d] %s #%u algo=%s transport=%s bytes=%lld mapped=%llu time=%.1f us\n",
+                 rank_, c.opName, c.ctx.desc.opSeq, plan->algo.c_str(),
+                 plan->readsPeers() ? "shm+cma" : "shm",
+                 static_cast<long long>(c.req.bytes),
+                 static_cast<unsigned long long>(PeerMappings::bytesRead() - mappedBefore), us);
+  }
+}
+
+}  // namespace hoccl

@@ -1,0 +1,63 @@
+#include "backend/process_group.h"
+#include "backend/tensor_args.h"
+
+namespace hoccl {
+
+void ProcessGroupHOCCL::ensureP2P() {
+  std::lock_guard<std::mutex> lock(p2pMutex_);
+  if (!p2p_) p2p_ = std::make_unique<P2PEngine>(*group_, timeout_);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::postP2P(std::vector<at::Tensor>& tensors, int peer, int tag,
+                                                          bool send) {
+  const char* op = send ? "send" : "recv";
+  TORCH_CHECK(tensors.size() == 1, "hoccl ", op, " on rank ", rank_, ": expects one tensor");
+  TORCH_CHECK(peer == -1 || (peer >= 0 && peer < size_ && peer != rank_), "hoccl ", op, " on rank ", rank_,
+              ": invalid peer rank ", peer, " (group of ", size_, ")");
+  const at::Tensor& user = tensors[0];
+  const bool cuda = user.defined() && user.is_cuda();
+  if (!cuda) checkTensor(user, op, rank_);
+  ensureP2P();
+  auto work = c10::make_intrusive<WorkHOCCL>(rank_, send ? c10d::OpType::SEND : c10d::OpType::RECV, tensors);
+  {
+    std::lock_guard<std::mutex> lock(queueMutex_);
+    if (coalescing_) coalesced_.push_back(work);
+  }
+  // CUDA tensors travel through a pinned host mirror: D2H before a send (ordered after the
+  // caller's stream), H2D on the comm stream after a recv.
+  at::Tensor host = cuda ? cudaHostMirror(user, send) : at::Tensor();
+  auto staged = std::make_shared<Staged>(cuda ? host : user);
+  std::optional<c10::Stream> comm;
+  if (cuda) {
+    comm = commStream(user.device());
+    work->setCommStream(*comm);
+  }
+  auto done = [work, staged, cuda, user, comm, send](std::exception_ptr e, int src) {
+    if (!e) {
+      try {
+        staged->writeBack();
+        if (cuda && !send) finishCudaRecv(user, staged->user, *comm, *work);
+      } catch (...) {
+        e = std::current_exception();
+      }
+    }
+    work->complete(e, src);
+  };
+  if (send) p2p_->postSend(peer, tag, ptr(staged->work), nbytes(staged->work), done);
+  else p2p_->postRecv(peer, tag, ptr(staged->work), nbytes(staged->work), done);
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
+  return postP2P(tensors, dst, tag, true);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
+  return postP2P(tensors, src, tag, false);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  return postP2P(tensors, -1, tag, false);
+}
+
+}  // namespace hoccl
