@@ -57,7 +57,8 @@ if os.path.exists(os.path.join("cuda", "python", "varipath_bindings.cpp")):
     ext_modules.append(
         CppExtension(
             "varipath._scheduler",
-            ["cuda/varipath/scheduler.cpp", "cuda/varipath/timeshare.cpp", "cuda/python/varipath_bindings.cpp"],
+            sorted(glob.glob(os.path.join("cuda", "varipath", "**", "*.cpp"), recursive=True))
+            + ["cuda/python/varipath_bindings.cpp"],
             include_dirs=[os.path.join(HERE, "cuda")],
             extra_compile_args=CXX_FLAGS,
         )

@@ -1,19 +1,21 @@
 """Build the C++ scheduler module ``varipath._scheduler`` in place, without the core backend.
 
 ``pip install --no-build-isolation -e .`` builds it together with ``hoccl_backend._C``; this
-helper (``python -m varipath._build``) compiles only VarioPath's two files, which is handy while
+helper (``python -m varipath._build``) compiles only VarioPath's files, which is handy while
 the core is being edited.  :func:`load_scheduler` imports the built module, or JIT-compiles the
 same sources with ``torch.utils.cpp_extension.load`` when no built module is present.
 """
 from __future__ import annotations
 
+import glob
 import os
 import sys
 from types import ModuleType
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-SOURCES = [os.path.join(ROOT, "cuda", f) for f in ("varipath/scheduler.cpp", "varipath/timeshare.cpp", "python/varipath_bindings.cpp")]
+SOURCES = sorted(glob.glob(os.path.join(ROOT, "cuda", "varipath", "**", "*.cpp"), recursive=True)) + [
+    os.path.join(ROOT, "cuda", "python", "varipath_bindings.cpp")]
 FLAGS = ["-O3", "-std=c++17", "-fvisibility=hidden", "-Wno-unused-parameter"]
 
 
@@ -43,7 +45,7 @@ def load_scheduler() -> ModuleType:
         return _scheduler
     except ImportError:
         pass
-    if not all(os.path.exists(s) for s in SOURCES):
+    if len(SOURCES) < 2 or not all(os.path.exists(s) for s in SOURCES):
         raise ImportError("varipath._scheduler is not built and cuda/varipath/*.cpp are not available; "
                           "run: pip install --no-build-isolation -e .")
     from torch.utils.cpp_extension import load

@@ -1,5 +1,5 @@
 // pybind11 module varipath._scheduler: the VarioPath online scheduler for Python.
-// Uses torch's bundled pybind11 headers only (see FACTS.md); no torch headers are needed.
+// Uses torch's bundled pybind11 headers only; no torch headers are needed.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -15,6 +15,7 @@ using hoccl::varipath::CostModel;
 using hoccl::varipath::Phase;
 using hoccl::varipath::PlanInfo;
 using hoccl::varipath::Scheduler;
+namespace vp = hoccl::varipath;
 
 namespace {
 
@@ -93,10 +94,10 @@ PYBIND11_MODULE(_scheduler, m) {
           "set_candidates",
           [](Scheduler& s, bool channels, bool link_greedy, bool peer_rounds, bool direct, bool time_share,
              bool host_rounds, bool backfill) {
-            s.set_candidates((channels ? Scheduler::kCatalogChannels : 0) | (link_greedy ? Scheduler::kLinkGreedy : 0) |
-                             (peer_rounds ? Scheduler::kPeerRounds : 0) | (direct ? Scheduler::kDirect : 0) |
-                             (time_share ? Scheduler::kTimeShare : 0) | (host_rounds ? Scheduler::kHostRounds : 0) |
-                             (backfill ? Scheduler::kBackfill : 0));
+            s.set_candidates((channels ? vp::kCatalogChannels : 0) | (link_greedy ? vp::kLinkGreedy : 0) |
+                             (peer_rounds ? vp::kPeerRounds : 0) | (direct ? vp::kDirect : 0) |
+                             (time_share ? vp::kTimeShare : 0) | (host_rounds ? vp::kHostRounds : 0) |
+                             (backfill ? vp::kBackfill : 0));
           },
           py::arg("channels") = true, py::arg("link_greedy") = true, py::arg("peer_rounds") = true,
           py::arg("direct") = true, py::arg("time_share") = true, py::arg("host_rounds") = true,
@@ -118,13 +119,7 @@ PYBIND11_MODULE(_scheduler, m) {
             meta["candidates"] = info.candidates;
             meta["simulated"] = info.simulated;
             meta["backfilled"] = info.backfilled;
-            meta["candidate"] = info.family == Scheduler::kPeerRounds   ? "peer_rounds"
-                                : info.family == Scheduler::kLinkGreedy ? "link_greedy"
-                                : info.family == Scheduler::kDirect     ? "direct"
-                                : info.family == Scheduler::kSplitPeer  ? "peer_split"
-                                : info.family == Scheduler::kTimeShare  ? "time_share"
-                                : info.family == Scheduler::kHostRounds ? "host_rounds"
-                                                                        : "channels";
+            meta["candidate"] = vp::family_name(info.family);
             return py::make_tuple(phases, meta);
           },
           py::arg("demand"))
