@@ -4,6 +4,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "python/cuda_bindings.h"
+#include "python/varipath_bindings.h"
 #include "plan/plan.h"
 #include "backend/process_group.h"
 #include "transport/shm/shared_tensor.h"
@@ -58,6 +59,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("huge_page_promoted_bytes", &hoccl::HugePagePromoter::bytesPromoted,
         "bytes of reused peer-read buffers this process moved onto huge pages (all groups)");
   bindCuda(m);
+  bindVariPath(m);
 #ifdef HOCCL_WITH_CUDA
   m.attr("built_with_cuda") = true;
 #else

@@ -1,6 +1,7 @@
-// pybind11 module varipath._scheduler: the VarioPath online scheduler for Python.
-// Uses torch's bundled pybind11 headers only; no torch headers are needed.
-#include <pybind11/pybind11.h>
+// hoccl_backend._C.varipath: the VarioPath online scheduler for Python (varipath.schedule() and
+// the backend's all_to_all run the same compiled scheduler; see bindVariPath()).
+#include "python/varipath_bindings.h"
+
 #include <pybind11/stl.h>
 
 #include <algorithm>
@@ -58,9 +59,9 @@ double plan_time_us(const Scheduler& s, const std::vector<int64_t>& demand, int 
 
 }  // namespace
 
-PYBIND11_MODULE(_scheduler, m) {
-  m.doc() = "VarioPath online alltoallv scheduler (C++)";
-  py::register_exception<std::invalid_argument>(m, "SchedulerValueError", PyExc_ValueError);
+void bindVariPath(py::module& parent) {
+  // Bad input raises ValueError (pybind11 translates std::invalid_argument).
+  py::module m = parent.def_submodule("varipath", "VarioPath online alltoallv scheduler (C++)");
   m.def(
       "time_share_search",
       [](const std::vector<double>& link_bw, const std::vector<std::vector<int>>& links, const std::vector<double>& eta,
@@ -74,7 +75,8 @@ PYBIND11_MODULE(_scheduler, m) {
       py::arg("rounds") = 0,
       "Column generation for the time-sharing LP (tests and tools): (members, rates, seconds) of the "
       "configurations used, for transfers with the given link paths and demands.");
-  py::class_<Scheduler>(m, "Scheduler")
+  // Held by shared_ptr so that the backend can plan with the very object (set_alltoall_scheduler).
+  py::class_<Scheduler, std::shared_ptr<Scheduler>>(m, "Scheduler")
       .def(py::init<int, std::vector<std::vector<std::pair<int, int>>>, double, double>(), py::arg("n"),
            py::arg("channels"), py::arg("phase_latency_s"), py::arg("bandwidth_Bps"))
       .def("set_link_model", &Scheduler::set_link_model, py::arg("link_bw"), py::arg("pair_links"))
