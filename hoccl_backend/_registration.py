@@ -5,6 +5,9 @@ import os
 from datetime import timedelta
 
 BACKEND_NAME = "hoccl"
+# The cost model VarioPath chooses all_to_all plans by: varipath.schedule()'s default, the one
+# the README recommends.
+DEFAULT_VARIPATH_MODEL = "contention"
 
 
 def _create(store, rank: int, size: int, timeout: timedelta):
@@ -14,26 +17,34 @@ def _create(store, rank: int, size: int, timeout: timedelta):
     from hoccl_backend import _C
 
     pg = _C.ProcessGroupHOCCL(store, rank, size, timeout)
-    _configure_alltoall(pg, size)
+    _configure_alltoall(pg, rank, size)
     return pg
 
 
-def _configure_alltoall(pg, size: int) -> None:
-    """Hands VarioPath's channel catalog for HOCCL_TOPOLOGY (default: flat) to the scheduler."""
+def varipath_model() -> str:
+    """HOCCL_VARIPATH_MODEL (default DEFAULT_VARIPATH_MODEL), checked against varipath's models."""
+    from varipath.simulate import MODELS
+
+    model = os.environ.get("HOCCL_VARIPATH_MODEL") or DEFAULT_VARIPATH_MODEL
+    if model not in MODELS:
+        raise ValueError(f"hoccl: HOCCL_VARIPATH_MODEL={model!r} is not one of {', '.join(MODELS)}")
+    return model
+
+
+def _configure_alltoall(pg, rank: int, size: int) -> None:
+    """Hands the backend the scheduler varipath.schedule() runs for HOCCL_TOPOLOGY (default:
+    flat) and HOCCL_VARIPATH_MODEL: the same object, with its links, hosts and cost model."""
     if os.environ.get("HOCCL_ALLTOALL_ALGO", "varipath") != "varipath" or size < 2:
         return
     try:
         import varipath
     except ImportError:
         return
-    if not hasattr(varipath, "backend_config"):
-        return
-    cfg = varipath.backend_config(os.environ.get("HOCCL_TOPOLOGY") or None, size)
-    pg.set_alltoall_channels(
-        [[(int(s), int(d)) for s, d in ch] for ch in cfg["channels"]],
-        float(cfg["phase_latency_s"]),
-        float(cfg["bandwidth_Bps"]),
-    )
+    try:
+        scheduler = varipath.backend_scheduler(os.environ.get("HOCCL_TOPOLOGY") or None, size, varipath_model())
+    except ValueError as e:
+        raise ValueError(f"hoccl process group creation on rank {rank}: {e}") from e
+    pg.set_alltoall_scheduler(scheduler)
 
 
 def register() -> None:

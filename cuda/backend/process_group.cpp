@@ -223,19 +223,19 @@ void ProcessGroupHOCCL::abort() {
   shutdown();
 }
 
-void ProcessGroupHOCCL::setAllToAllChannels(std::vector<std::vector<std::pair<int, int>>> channels,
-                                            double phaseLatency, double bandwidth) {
-  hasChannels_ = !channels.empty();
-  // Built once: constructing it indexes the catalog. One channel holding every pair (the flat
-  // topology) leaves nothing to schedule: the single phase is the plan, no scheduler needed.
-  scheduler_.reset();
-  if (channels.size() > 1)
-    scheduler_ = std::make_shared<const varipath::Scheduler>(size_, std::move(channels), phaseLatency, bandwidth);
+void ProcessGroupHOCCL::setAllToAllScheduler(std::shared_ptr<const varipath::Scheduler> scheduler) {
+  hasChannels_ = scheduler != nullptr;
+  scheduler_ = std::move(scheduler);
 }
 
 std::string ProcessGroupHOCCL::lastAlgorithm() const {
   std::lock_guard<std::mutex> lock(lastAlgoMutex_);
   return lastAlgo_;
+}
+
+std::vector<TransferPhase> ProcessGroupHOCCL::lastAllToAllPhases() const {
+  std::lock_guard<std::mutex> lock(lastAlgoMutex_);
+  return lastAllToAllPhases_;
 }
 
 // ---------------------------------------------------------------- worker (CPU stream manager)
@@ -536,6 +536,10 @@ void ProcessGroupHOCCL::runCollective(Collective& c) {
     for (int s = 0; s < size_; ++s)
       for (int d = 0; d < size_; ++d) matrix[s * size_ + d] = group_->splits(s, parity)[d];
     c.req.phases = scheduleAllToAll(matrix);
+    {
+      std::lock_guard<std::mutex> lock(lastAlgoMutex_);
+      lastAllToAllPhases_ = c.req.phases;
+    }
     // Plan choices must agree on every rank: size them by the whole exchange, not by my part.
     int64_t total = 0;
     for (int64_t v : matrix) total += v;
