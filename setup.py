@@ -17,9 +17,8 @@ CXX_FLAGS = ["-O3", "-std=c++17", "-fvisibility=hidden", "-Wno-unused-parameter"
 
 
 def core_sources():
-    """Every C++ file of the core except VarioPath's own binding module."""
-    files = sorted(glob.glob(os.path.join("cuda", "**", "*.cpp"), recursive=True))
-    return [f for f in files if not os.path.basename(f).startswith("varipath_bindings")]
+    """Every C++ file of the core, VarioPath's scheduler and its bindings included (compiled once)."""
+    return sorted(glob.glob(os.path.join("cuda", "**", "*.cpp"), recursive=True))
 
 
 def cuda_defines():
@@ -53,15 +52,6 @@ ext_modules = [
         extra_link_args=["-ldl", "-lrt"],
     ),
 ]
-if os.path.exists(os.path.join("cuda", "python", "varipath_bindings.cpp")):
-    ext_modules.append(
-        CppExtension(
-            "varipath._scheduler",
-            ["cuda/varipath/scheduler.cpp", "cuda/varipath/timeshare.cpp", "cuda/python/varipath_bindings.cpp"],
-            include_dirs=[os.path.join(HERE, "cuda")],
-            extra_compile_args=CXX_FLAGS,
-        )
-    )
 
 # Name, version, packages, dependencies and the torch.backends entry point are in pyproject.toml.
 setup(

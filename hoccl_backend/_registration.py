@@ -1,7 +1,6 @@
 """Registers the "hoccl" name with torch.distributed (idempotent, no extension import)."""
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 
 BACKEND_NAME = "hoccl"
@@ -14,26 +13,30 @@ def _create(store, rank: int, size: int, timeout: timedelta):
     from hoccl_backend import _C
 
     pg = _C.ProcessGroupHOCCL(store, rank, size, timeout)
-    _configure_alltoall(pg, size)
+    _configure_alltoall(pg, rank, size)
     return pg
 
 
-def _configure_alltoall(pg, size: int) -> None:
-    """Hands VarioPath's channel catalog for HOCCL_TOPOLOGY (default: flat) to the scheduler."""
-    if os.environ.get("HOCCL_ALLTOALL_ALGO", "varipath") != "varipath" or size < 2:
+def _configure_alltoall(pg, rank: int, size: int) -> None:
+    """Hands the backend the scheduler varipath.schedule() runs for HOCCL_TOPOLOGY and
+    HOCCL_VARIPATH_MODEL: the same object, with its links, hosts and cost model. On the flat
+    topology (HOCCL_TOPOLOGY unset) there are no links to schedule for, and every pair goes in
+    one phase. Values come from the configuration table, which has checked them."""
+    from hoccl_backend import _C
+
+    if _C.config_value("HOCCL_ALLTOALL_ALGO") != "varipath" or size < 2:
         return
     try:
         import varipath
     except ImportError:
         return
-    if not hasattr(varipath, "backend_config"):
-        return
-    cfg = varipath.backend_config(os.environ.get("HOCCL_TOPOLOGY") or None, size)
-    pg.set_alltoall_channels(
-        [[(int(s), int(d)) for s, d in ch] for ch in cfg["channels"]],
-        float(cfg["phase_latency_s"]),
-        float(cfg["bandwidth_Bps"]),
-    )
+    spec = _C.config_value("HOCCL_TOPOLOGY")
+    try:
+        model = _C.config_value("HOCCL_VARIPATH_MODEL")
+        scheduler = None if spec == "flat" else varipath.backend_scheduler(spec, size, model)
+    except ValueError as e:
+        raise ValueError(f"hoccl process group creation on rank {rank}: {e}") from e
+    pg.set_alltoall_scheduler(scheduler)
 
 
 def register() -> None:

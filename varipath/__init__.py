@@ -6,7 +6,8 @@ Public API (tests and the hoccl backend rely on it):
 * :func:`schedule` — plan phases for a demand matrix with the C++ online scheduler.
 * :func:`simulate`, :func:`lower_bound` — flow simulator and link-congestion bound.
 * :mod:`varipath.baselines` — ``direct``, ``pairwise``, ``fast``.
-* :func:`backend_config` — what the backend's C++ scheduler needs for ``HOCCL_TOPOLOGY``.
+* :func:`backend_scheduler` — the scheduler the backend plans with for ``HOCCL_TOPOLOGY`` and
+  ``HOCCL_VARIPATH_MODEL``; :func:`backend_config` — its inputs.
 """
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ import numpy as np
 from .simulate import COPY_ENGINES, ETA_BETA, ETA_MIN, MODELS, check_demand, lower_bound, simulate
 from .topology import Topology, flat
 
-__all__ = ["Topology", "schedule", "simulate", "lower_bound", "backend_config", "resolve_topology",
-           "scheduler_for", "MODELS"]
+__all__ = ["Topology", "schedule", "simulate", "lower_bound", "backend_config", "backend_scheduler",
+           "backend_topology", "resolve_topology", "scheduler_for", "MODELS"]
 
 Phases = List[List[Tuple[int, int, int]]]
 
@@ -42,17 +43,31 @@ def resolve_topology(spec: Optional[str], world_size: int) -> Topology:
     return Topology.preset(name, int(hosts) if hosts else 1)
 
 
-def backend_config(spec: Optional[str], world_size: int) -> dict:
-    """Inputs of the C++ ``Scheduler`` for ``HOCCL_TOPOLOGY=spec`` and ``world_size`` ranks:
-    ``channels`` (expanded), ``phase_latency_s``, ``bandwidth_Bps`` and the ``topology``."""
+def backend_topology(spec: Optional[str], world_size: int) -> Topology:
+    """The topology ``HOCCL_TOPOLOGY=spec`` names for a group of ``world_size`` ranks (ValueError
+    when its GPU count differs)."""
     topo = resolve_topology(spec, world_size)
     if topo.num_gpus != world_size:
         raise ValueError(f"HOCCL_TOPOLOGY={spec!r} describes {topo.num_gpus} GPUs but the process "
                          f"group has world_size={world_size}")
+    return topo
+
+
+def backend_config(spec: Optional[str], world_size: int) -> dict:
+    """Inputs of the C++ ``Scheduler`` for ``HOCCL_TOPOLOGY=spec`` and ``world_size`` ranks:
+    ``channels`` (expanded), ``phase_latency_s``, ``bandwidth_Bps`` and the ``topology``."""
+    topo = backend_topology(spec, world_size)
     from .catalog import working_set
 
     return {"channels": working_set(topo), "phase_latency_s": topo.phase_start_s(),
             "bandwidth_Bps": topo.pair_bandwidth(), "topology": topo}
+
+
+def backend_scheduler(spec: Optional[str], world_size: int, model: str = "contention"):
+    """The scheduler the backend's ``all_to_all`` plans with for ``HOCCL_TOPOLOGY=spec`` and
+    ``HOCCL_VARIPATH_MODEL=model``: :func:`scheduler_for` of that topology, so the backend's
+    plans are exactly :func:`schedule`'s."""
+    return scheduler_for(backend_topology(spec, world_size), model)
 
 
 def _link_model(topo: Topology) -> Tuple[List[float], List[List[int]]]:
@@ -84,7 +99,10 @@ def configure_scheduler(sched, topo: Topology, model: str) -> None:
 
 
 def scheduler_for(topo: Topology, model: str = "contention"):
-    """The (cached) C++ scheduler for ``topo`` with the link model and cost model installed."""
+    """The (cached) C++ scheduler for ``topo`` with the link model and cost model installed.
+
+    The hoccl backend plans its all_to_all with this very object (see :func:`backend_scheduler`):
+    planning only reads it, but its setters must not be called while a process group uses it."""
     if model not in MODELS:
         raise ValueError(f"unknown model {model!r}; choose one of {MODELS}")
     cache = topo.__dict__.setdefault("_vp_schedulers", {})

@@ -4,14 +4,11 @@
 
 namespace hoccl {
 
-void ProcessGroupHOCCL::setAllToAllChannels(std::vector<std::vector<std::pair<int, int>>> channels,
-                                            double phaseLatency, double bandwidth) {
-  hasChannels_ = !channels.empty();
-  // Built once: constructing it indexes the catalog. One channel holding every pair (the flat
-  // topology) leaves nothing to schedule: the single phase is the plan, no scheduler needed.
-  scheduler_.reset();
-  if (channels.size() > 1)
-    scheduler_ = std::make_shared<const varipath::Scheduler>(size_, std::move(channels), phaseLatency, bandwidth);
+// Null on the flat topology: with no links to tell pairs apart there is nothing to schedule, and
+// one phase holding every pair is the plan (all_to_all is still named "varipath").
+void ProcessGroupHOCCL::setAllToAllScheduler(std::shared_ptr<const varipath::Scheduler> scheduler) {
+  hasChannels_ = true;
+  scheduler_ = std::move(scheduler);
 }
 
 std::vector<TransferPhase> ProcessGroupHOCCL::scheduleAllToAll(const std::vector<int64_t>& m) {

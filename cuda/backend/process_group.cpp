@@ -19,12 +19,21 @@ static void checkSingleHost(const HostTable& hosts, int rank) {
                            "'; this build runs every rank of a group on one host");
 }
 
+// The group's settings; a bad variable fails the group's creation on every rank, naming it.
+static HocclConfig configFor(int rank, int size) {
+  try {
+    return HocclConfig::fromEnv(size);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument("hoccl process group creation on rank " + std::to_string(rank) + ": " + e.what());
+  }
+}
+
 ProcessGroupHOCCL::ProcessGroupHOCCL(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                      int size, std::chrono::milliseconds timeout)
     : c10d::Backend(rank, size),
       timeout_(timeout),
       store_(store),
-      config_(HocclConfig::fromEnv(size)),
+      config_(configFor(rank, size)),
       hugePages_(config_.hugePageMinBytes) {
   hosts_ = HostTable::exchange(store, rank, size, timeout);
   if (config_.debug >= 1 && rank == 0)
@@ -58,6 +67,11 @@ void ProcessGroupHOCCL::abort() {
 std::string ProcessGroupHOCCL::lastAlgorithm() const {
   std::lock_guard<std::mutex> lock(lastAlgoMutex_);
   return lastAlgo_;
+}
+
+std::vector<TransferPhase> ProcessGroupHOCCL::lastAllToAllPhases() const {
+  std::lock_guard<std::mutex> lock(lastAlgoMutex_);
+  return lastAllToAllPhases_;
 }
 
 }  // namespace hoccl

@@ -47,10 +47,13 @@ class ProcessGroupHOCCL : public c10d::Backend {
   uint64_t getSequenceNumberForGroup() override { return issued_.load(); }
   void abort() override;
 
-  // VarioPath channels for all_to_all (set by the Python creator from HOCCL_TOPOLOGY).
-  void setAllToAllChannels(std::vector<std::vector<std::pair<int, int>>> channels,
-                           double phaseLatency, double bandwidth);
+  // The VarioPath scheduler all_to_all plans with: the one varipath.scheduler_for() returns for
+  // HOCCL_TOPOLOGY and HOCCL_VARIPATH_MODEL (set by the Python creator; null on the flat
+  // topology, where every pair goes in one phase).
+  void setAllToAllScheduler(std::shared_ptr<const varipath::Scheduler> scheduler);
   std::string lastAlgorithm() const;
+  // The phases the last all_to_all ran, its self-copy phase first (tests compare them).
+  std::vector<TransferPhase> lastAllToAllPhases() const;
   // all_to_all split matrices planned by VarioPath so far, and those served from the plan cache.
   std::pair<uint64_t, uint64_t> allToAllPlanCounts() const;
 
@@ -189,7 +192,7 @@ class ProcessGroupHOCCL : public c10d::Backend {
   // Keyed by (kind, root, element size, bytes, cross-memory, addresses published, every tensor
   // shared): what a plan depends on.
   std::map<std::tuple<int, int, int64_t, int64_t, bool, bool, bool>, std::shared_ptr<const Plan>> planCache_;
-  bool hasChannels_ = false;  // VarioPath channels were set (names the algorithm "varipath")
+  bool hasChannels_ = false;  // VarioPath was configured (names the algorithm "varipath")
   // VarioPath plans of the most recent split matrices, most recent first, keyed by the whole
   // matrix: equal-split all_to_all and MoE layers with a fixed capacity send the same matrix
   // every step, and the plan is a pure function of it (every rank gets the same phases whether
@@ -201,9 +204,10 @@ class ProcessGroupHOCCL : public c10d::Backend {
   mutable std::mutex scheduleMutex_;
   std::deque<CachedSchedule> scheduleCache_;
   uint64_t schedulesPlanned_ = 0, schedulesReused_ = 0;
-  std::shared_ptr<const varipath::Scheduler> scheduler_;  // set when there is > 1 channel
+  std::shared_ptr<const varipath::Scheduler> scheduler_;
   mutable std::mutex lastAlgoMutex_;
   std::string lastAlgo_;
+  std::vector<TransferPhase> lastAllToAllPhases_;  // guarded by lastAlgoMutex_
 };
 
 }  // namespace hoccl

@@ -157,6 +157,10 @@ void ProcessGroupHOCCL::runCollective(Collective& c) {
     for (int s = 0; s < size_; ++s)
       for (int d = 0; d < size_; ++d) matrix[s * size_ + d] = group_->splits(s, parity)[d];
     c.req.phases = scheduleAllToAll(matrix);
+    {
+      std::lock_guard<std::mutex> lock(lastAlgoMutex_);
+      lastAllToAllPhases_ = c.req.phases;
+    }
     // Plan choices must agree on every rank: size them by the whole exchange, not by my part.
     int64_t total = 0;
     for (int64_t v : matrix) total += v;

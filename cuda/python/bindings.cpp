@@ -4,11 +4,13 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "python/cuda_bindings.h"
+#include "python/varipath_bindings.h"
 #include "plan/plan.h"
 #include "backend/process_group.h"
 #include "transport/shm/shared_tensor.h"
 #include "common/config.h"
 #include "backend/host_table.h"
+#include "varipath/scheduler.h"
 
 namespace py = pybind11;
 
@@ -22,9 +24,22 @@ PYBIND11_MODULE(_C, m) {
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
            py::call_guard<py::gil_scoped_release>())
-      .def("set_alltoall_channels", &hoccl::ProcessGroupHOCCL::setAllToAllChannels, py::arg("channels"),
-           py::arg("phase_latency_s"), py::arg("bandwidth_Bps"))
+      .def(
+          "set_alltoall_scheduler",
+          [](hoccl::ProcessGroupHOCCL& pg, std::shared_ptr<hoccl::varipath::Scheduler> s) { pg.setAllToAllScheduler(std::move(s)); },
+          py::arg("scheduler"), "the varipath Scheduler all_to_all plans with (None: no VarioPath)")
       .def("last_algorithm", &hoccl::ProcessGroupHOCCL::lastAlgorithm)
+      .def(
+          "last_alltoall_phases",
+          [](const hoccl::ProcessGroupHOCCL& pg) {
+            std::vector<std::vector<std::tuple<int, int, int64_t>>> out;
+            for (const auto& phase : pg.lastAllToAllPhases()) {
+              out.emplace_back();
+              for (const auto& t : phase) out.back().emplace_back(t.src, t.dst, t.bytes);
+            }
+            return out;
+          },
+          "[[(src, dst, bytes), ...], ...]: the phases the last all_to_all ran, its self-copy phase first")
       .def("alltoall_plan_counts", &hoccl::ProcessGroupHOCCL::allToAllPlanCounts,
            "(split matrices planned by VarioPath, served from the plan cache) on this rank");
 
@@ -84,6 +99,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("host_identity", &hoccl::localHostIdentity,
         "this process's host identity (HOCCL_HOSTNAME, else hostname + boot, /dev/shm and namespaces)");
   bindCuda(m);
+  bindVariPath(m);
 #ifdef HOCCL_WITH_CUDA
   m.attr("built_with_cuda") = true;
 #else

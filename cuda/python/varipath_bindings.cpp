@@ -1,6 +1,7 @@
-// pybind11 module varipath._scheduler: the VarioPath online scheduler for Python.
-// Uses torch's bundled pybind11 headers only (see FACTS.md); no torch headers are needed.
-#include <pybind11/pybind11.h>
+// hoccl_backend._C.varipath: the VarioPath online scheduler for Python (varipath.schedule() and
+// the backend's all_to_all run the same compiled scheduler; see bindVariPath()).
+#include "python/varipath_bindings.h"
+
 #include <pybind11/stl.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@ using hoccl::varipath::CostModel;
 using hoccl::varipath::Phase;
 using hoccl::varipath::PlanInfo;
 using hoccl::varipath::Scheduler;
+namespace vp = hoccl::varipath;
 
 namespace {
 
@@ -57,9 +59,9 @@ double plan_time_us(const Scheduler& s, const std::vector<int64_t>& demand, int 
 
 }  // namespace
 
-PYBIND11_MODULE(_scheduler, m) {
-  m.doc() = "VarioPath online alltoallv scheduler (C++)";
-  py::register_exception<std::invalid_argument>(m, "SchedulerValueError", PyExc_ValueError);
+void bindVariPath(py::module& parent) {
+  // Bad input raises ValueError (pybind11 translates std::invalid_argument).
+  py::module m = parent.def_submodule("varipath", "VarioPath online alltoallv scheduler (C++)");
   m.def(
       "time_share_search",
       [](const std::vector<double>& link_bw, const std::vector<std::vector<int>>& links, const std::vector<double>& eta,
@@ -73,7 +75,8 @@ PYBIND11_MODULE(_scheduler, m) {
       py::arg("rounds") = 0,
       "Column generation for the time-sharing LP (tests and tools): (members, rates, seconds) of the "
       "configurations used, for transfers with the given link paths and demands.");
-  py::class_<Scheduler>(m, "Scheduler")
+  // Held by shared_ptr so that the backend can plan with the very object (set_alltoall_scheduler).
+  py::class_<Scheduler, std::shared_ptr<Scheduler>>(m, "Scheduler")
       .def(py::init<int, std::vector<std::vector<std::pair<int, int>>>, double, double>(), py::arg("n"),
            py::arg("channels"), py::arg("phase_latency_s"), py::arg("bandwidth_Bps"))
       .def("set_link_model", &Scheduler::set_link_model, py::arg("link_bw"), py::arg("pair_links"))
@@ -93,10 +96,10 @@ PYBIND11_MODULE(_scheduler, m) {
           "set_candidates",
           [](Scheduler& s, bool channels, bool link_greedy, bool peer_rounds, bool direct, bool time_share,
              bool host_rounds, bool backfill) {
-            s.set_candidates((channels ? Scheduler::kCatalogChannels : 0) | (link_greedy ? Scheduler::kLinkGreedy : 0) |
-                             (peer_rounds ? Scheduler::kPeerRounds : 0) | (direct ? Scheduler::kDirect : 0) |
-                             (time_share ? Scheduler::kTimeShare : 0) | (host_rounds ? Scheduler::kHostRounds : 0) |
-                             (backfill ? Scheduler::kBackfill : 0));
+            s.set_candidates((channels ? vp::kCatalogChannels : 0) | (link_greedy ? vp::kLinkGreedy : 0) |
+                             (peer_rounds ? vp::kPeerRounds : 0) | (direct ? vp::kDirect : 0) |
+                             (time_share ? vp::kTimeShare : 0) | (host_rounds ? vp::kHostRounds : 0) |
+                             (backfill ? vp::kBackfill : 0));
           },
           py::arg("channels") = true, py::arg("link_greedy") = true, py::arg("peer_rounds") = true,
           py::arg("direct") = true, py::arg("time_share") = true, py::arg("host_rounds") = true,
@@ -118,13 +121,7 @@ PYBIND11_MODULE(_scheduler, m) {
             meta["candidates"] = info.candidates;
             meta["simulated"] = info.simulated;
             meta["backfilled"] = info.backfilled;
-            meta["candidate"] = info.family == Scheduler::kPeerRounds   ? "peer_rounds"
-                                : info.family == Scheduler::kLinkGreedy ? "link_greedy"
-                                : info.family == Scheduler::kDirect     ? "direct"
-                                : info.family == Scheduler::kSplitPeer  ? "peer_split"
-                                : info.family == Scheduler::kTimeShare  ? "time_share"
-                                : info.family == Scheduler::kHostRounds ? "host_rounds"
-                                                                        : "channels";
+            meta["candidate"] = vp::family_name(info.family);
             return py::make_tuple(phases, meta);
           },
           py::arg("demand"))
