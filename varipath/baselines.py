@@ -2,7 +2,7 @@
 
 * ``direct``   — every pair at once, one phase.
 * ``pairwise`` — NCCL-style peer rounds: in round k every rank s sends to (s + k) mod N.
-* ``fast``     — FAST (arXiv 2505.09764) as summarised in FACTS.md: intra-server balancing
+* ``fast``     — FAST (arXiv 2505.09764), as its paper describes it: intra-server balancing
   (moved data keeps its final GPU index), server-level Birkhoff-von Neumann decomposition of
   the padded server matrix, one rail-aligned step per permutation (GPU g of server s sends to
   GPU g of server pi(s)), and a restore copy to the true destination GPU that runs with the

@@ -17,7 +17,7 @@ Link = Tuple[str, str]
 NODE_TYPES = ("gpu", "switch", "rc", "nic", "net")
 GB = 1e9
 
-# Effective per-direction figures (see FACTS.md): Gen4 x16 ~25 GB/s, Gen5 x16 ~56 GB/s,
+# Effective per-direction figures (vendor figures and published P2P measurements): Gen4 x16 ~25 GB/s, Gen5 x16 ~56 GB/s,
 # a 200 Gb NIC ~25 GB/s, 400 Gb ~50 GB/s.  Cross-socket P2P is modelled slower than one GPU
 # link (UPI/xGMI P2P forwarding rarely reaches PCIe line rate).
 PRESETS: Dict[str, dict] = {
