@@ -3,8 +3,9 @@
 Open MPI runs an osu-style C loop (mpi_loop.c beside this file) over malloc'ed buffers reused
 between calls, for the same op, element count and world as hoccl's ranks. Both sets of ranks live
 for the whole world size; the parent process drives them cell by cell and round by round, so that
-while one side runs the other sleeps in a blocking read and both meet the same machine load. A
-side's figure is the best over rounds of its slowest rank's mean time per call.
+while one side runs the other sleeps in a blocking read and both meet the same machine load. Each
+side's calls per round are calibrated so that its rounds last about ROUND_SECONDS; a side's figure
+is the best over rounds of its slowest rank's mean time per call.
 
 torch's floor is what one torch call costs with no communication at all: `dist.all_reduce` of 8
 bytes on a world-1 hoccl group, timed by rank 0 in the same run. No torch backend can go under
@@ -69,10 +70,11 @@ def build_loop() -> str:
 
 
 def mpirun_command(world: int, exe: str, ctl_dir: str) -> tuple[list[str], dict]:
-    """mpirun line and environment: no core binding (hoccl's ranks float too), oversubscription
-    allowed where there are more ranks than cores (Open MPI then yields the CPU while it polls),
-    root allowed (containers)."""
-    cmd = ["mpirun", "-np", str(world), "--bind-to", "none"]
+    """mpirun line and environment. Open MPI's default placement (ranks bound to cores while they
+    fit, which is its fastest setup on an idle machine; hoccl's ranks are not pinned),
+    oversubscription allowed where there are more ranks than cores (Open MPI then yields the CPU
+    while it polls), root allowed (containers)."""
+    cmd = ["mpirun", "-np", str(world)]
     if world > (os.cpu_count() or 1):
         cmd.append("--oversubscribe")
     env = dict(os.environ)
@@ -150,9 +152,19 @@ class MpiRanks:
             shutil.rmtree(self._dir, ignore_errors=True)
 
 
+ROUND_SECONDS = 0.01  # every backend's round lasts about this long
+
+
 def _iters_per_round(nbytes: int) -> int:
-    """Calls per round: about 128 MiB moved, between 3 and 400 calls (a 4 KB round lasts some ms)."""
+    """Calls of the first round: about 128 MiB moved, between 3 and 400 calls."""
     return int(max(3, min(400, (128 << 20) // max(nbytes, 1))))
+
+
+def _calibrated(seconds_per_call: float) -> int:
+    """Calls that fill ROUND_SECONDS (at least 3). Equal-length rounds meet the same share of
+    preemptions by other processes: with a fixed count, MPI's 0.5 us calls would fill rounds of
+    0.2 ms that a busy machine rarely interrupts, beside hoccl's rounds of several ms."""
+    return int(max(3, min(100_000, ROUND_SECONDS / max(seconds_per_call, 1e-9))))
 
 
 def _floor_round(x, group, iters: int) -> float:
@@ -247,8 +259,7 @@ def run_world(torch_backends: list[str], world: int, ops, sizes, rounds: int = 5
     mpi = MpiRanks(world)
     rows = []
     try:
-        floor_iters = 400
-        torch_ranks.ask("floor", floor_iters)  # warm-up
+        floor_iters = _calibrated(torch_ranks.ask("floor", 400)[0])  # also the warm-up
         floor = [torch_ranks.ask("floor", floor_iters)[0] for _ in range(rounds)]
         rows.append(dict(_row(FLOOR, 1, "all_reduce", 8, floor, floor_iters), floor_for=world))
         names = torch_backends + ["mpi"]
@@ -259,12 +270,15 @@ def run_world(torch_backends: list[str], world: int, ops, sizes, rounds: int = 5
                 warmup = max(2, iters // 2)
                 count = torch_ranks.ask("cell", op, nbytes, warmup)[0]
                 mpi.cell(op, count, warmup)
+                def timed(b, n):
+                    return mpi.round(n) if b == "mpi" else max(torch_ranks.ask("round", b, n))
+
+                calls = {b: _calibrated(timed(b, iters)) for b in names}
                 samples = {b: [] for b in names}
                 for r in range(rounds):
                     for b in names if r % 2 == 0 else names[::-1]:
-                        t = mpi.round(iters) if b == "mpi" else max(torch_ranks.ask("round", b, iters))
-                        samples[b].append(t)
-                rows += [_row(b, world, op, count * 4, samples[b], iters) for b in names]
+                        samples[b].append(timed(b, calls[b]))
+                rows += [_row(b, world, op, count * 4, samples[b], calls[b]) for b in names]
                 done += 1
                 if show_progress:
                     bar = "#" * int(30 * done / total)
