@@ -215,6 +215,20 @@ def _by_key(rows: list[dict]) -> dict:
     return {(r["backend"], r["world"], r["op"], r["bytes"]): r for r in rows}
 
 
+def backend_columns_head(backends: list[str]) -> str:
+    """Table header up to the comparison columns: bytes, then time, algbw and busbw per backend."""
+    return f"{'bytes':>10s}" + "".join(f" | {b + ' us':>11s} {'algbw':>7s} {'busbw':>7s}" for b in backends)
+
+
+def backend_columns(keyed: dict, backends: list[str], world: int, op: str, nbytes: int) -> str:
+    """One row of those columns (blank where a backend has no figure)."""
+    line = f"{nbytes:>10d}"
+    for b in backends:
+        r = keyed.get((b, world, op, nbytes))
+        line += f" | {r['time_us']:11.1f} {r['algbw_GBps']:7.3f} {r['busbw_GBps']:7.3f}" if r else " | " + " " * 27
+    return line
+
+
 def print_table(rows: list[dict], backends: list[str], memcpy_GBps: float) -> None:
     keyed = _by_key(rows)
     worlds = sorted({r["world"] for r in rows})
@@ -222,9 +236,7 @@ def print_table(rows: list[dict], backends: list[str], memcpy_GBps: float) -> No
     for world in worlds:
         for op in ops:
             print(f"\n# {op}  world={world}")
-            head = f"{'bytes':>10s}"
-            for b in backends:
-                head += f" | {b + ' us':>11s} {'algbw':>7s} {'busbw':>7s}"
+            head = backend_columns_head(backends)
             if "hoccl" in backends and "gloo" in backends:
                 head += " | busbw x gloo"
             if "hoccl" in backends:
@@ -232,11 +244,7 @@ def print_table(rows: list[dict], backends: list[str], memcpy_GBps: float) -> No
             print(head)
             sizes = sorted({r["bytes"] for r in rows if r["world"] == world and r["op"] == op})
             for nbytes in sizes:
-                line = f"{nbytes:>10d}"
-                for b in backends:
-                    r = keyed.get((b, world, op, nbytes))
-                    line += (f" | {r['time_us']:11.1f} {r['algbw_GBps']:7.3f} {r['busbw_GBps']:7.3f}" if r
-                             else " | " + " " * 27)
+                line = backend_columns(keyed, backends, world, op, nbytes)
                 h, g = keyed.get(("hoccl", world, op, nbytes)), keyed.get(("gloo", world, op, nbytes))
                 if h and g:
                     line += f" | {h['busbw_GBps'] / g['busbw_GBps']:11.2f}x"

@@ -26,7 +26,8 @@ import sys
 import tempfile
 import time
 
-from hoccl_backend.bench import _buffers, _run_op, _time_round
+from hoccl_backend.bench import (_buffers, _run_op, _time_round, backend_columns, backend_columns_head, bus_factor,
+                                  copy_fraction, memcpy_bandwidth, parse_size)
 
 MPI_PACKAGES = ["openmpi-bin", "libopenmpi-dev"]
 DEFAULT_SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
@@ -253,8 +254,6 @@ def run_world(torch_backends: list[str], world: int, ops, sizes, rounds: int = 5
               shared=False) -> list[dict]:
     """Rows for every (backend, op, size) at this world size, MPI's under backend "mpi", and one
     row for torch's floor (backend FLOOR, op all_reduce, 8 bytes, world 1)."""
-    from hoccl_backend.bench import bus_factor
-
     torch_ranks = TorchRanks(world, torch_backends, shared)
     mpi = MpiRanks(world)
     rows = []
@@ -301,8 +300,6 @@ def floor_us(rows: list[dict], world: int) -> float:
 
 
 def print_table(rows: list[dict], memcpy_GBps: float) -> None:
-    from hoccl_backend.bench import copy_fraction
-
     keyed = {(r["backend"], r["world"], r["op"], r["bytes"]): r for r in rows if r["backend"] != FLOOR}
     backends = [b for b in ("hoccl", "gloo", "mpi") if any(r["backend"] == b for r in rows)]
     ops = list(dict.fromkeys(r["op"] for r in rows if r["backend"] != FLOOR))
@@ -310,17 +307,11 @@ def print_table(rows: list[dict], memcpy_GBps: float) -> None:
         floor = floor_us(rows, world)
         for op in ops:
             print(f"\n# {op}  world={world}  (best of rounds; torch floor {floor:.1f} us)")
-            head = f"{'bytes':>10s}"
-            for b in backends:
-                head += f" | {b + ' us':>11s} {'algbw':>7s} {'busbw':>7s}"
+            head = backend_columns_head(backends)
             head += f" | {'mpi+floor us':>12s} | busbw x mpi | hoccl / (mpi+floor) | hoccl copy%"
             print(head)
             for nbytes in sorted({r["bytes"] for r in rows if r["world"] == world and r["op"] == op}):
-                line = f"{nbytes:>10d}"
-                for b in backends:
-                    r = keyed.get((b, world, op, nbytes))
-                    line += (f" | {r['time_us']:11.1f} {r['algbw_GBps']:7.3f} {r['busbw_GBps']:7.3f}" if r
-                             else " | " + " " * 27)
+                line = backend_columns(keyed, backends, world, op, nbytes)
                 h, m = keyed.get(("hoccl", world, op, nbytes)), keyed.get(("mpi", world, op, nbytes))
                 if h and m:
                     target = m["time_us"] + floor
@@ -331,16 +322,14 @@ def print_table(rows: list[dict], memcpy_GBps: float) -> None:
 
 def main(args, peers: list[str], worlds: list[int], ops: list[str]) -> dict:
     """Runs the comparison for bench's parsed arguments; returns what --json writes."""
-    from hoccl_backend import bench
-
     torch_backends = ["hoccl"] + [p for p in peers if p != "mpi"]
-    sizes = [bench.parse_size(s) for s in args.sizes.split(",")] if args.sizes else DEFAULT_SIZES
+    sizes = [parse_size(s) for s in args.sizes.split(",")] if args.sizes else DEFAULT_SIZES
     rows = []
-    before = bench.memcpy_bandwidth()
+    before = memcpy_bandwidth()
     for world in worlds:
         rows += run_world(torch_backends, world, ops, sizes, args.rounds,
                           show_progress=not args.no_progress, shared=args.shared_buffers)
-    after = bench.memcpy_bandwidth()
+    after = memcpy_bandwidth()
     mc = (before + after) / 2
     load = " ".join(f"{v:.2f}" for v in os.getloadavg())
     mpi_version = subprocess.run(["mpirun", "--version"], capture_output=True, text=True).stdout.splitlines()
@@ -353,23 +342,37 @@ def main(args, peers: list[str], worlds: list[int], ops: list[str]) -> dict:
 
 
 def print_markdown(rows: list[dict]) -> None:
-    """The comparison as markdown tables, one per world size: hoccl beside MPI and MPI + floor."""
+    """The comparison as markdown, one table per world size: a column per size, and per op the rows
+    hoccl, MPI (gloo where measured) and hoccl ÷ (MPI + torch's floor), below 1 where hoccl meets
+    the target."""
     keyed = {(r["backend"], r["world"], r["op"], r["bytes"]): r for r in rows if r["backend"] != FLOOR}
-    gloo = any(r["backend"] == "gloo" for r in rows)
+    peers = [b for b in ("mpi", "gloo") if any(r["backend"] == b for r in rows)]
+    label = {"mpi": "MPI", "gloo": "gloo"}
     for world in sorted({r["world"] for r in rows if r["backend"] != FLOOR}):
         floor = floor_us(rows, world)
+        sizes = sorted({r["bytes"] for r in rows if r["world"] == world and r["backend"] != FLOOR})
         print(f"\n**world {world}** (best of rounds, µs per call; torch floor {floor:.1f} µs in this run)\n")
-        print("| op | bytes | hoccl | MPI | MPI + floor | hoccl ÷ (MPI + floor) |" + (" gloo |" if gloo else ""))
-        print("|---|---:|---:|---:|---:|---:|" + ("---:|" if gloo else ""))
+        print("| op | | " + " | ".join(_size_label(n) for n in sizes) + " |")
+        print("|---|---|" + "---:|" * len(sizes))
         for op in dict.fromkeys(r["op"] for r in rows if r["backend"] != FLOOR):
-            for nbytes in sorted({r["bytes"] for r in rows if r["world"] == world and r["op"] == op}):
-                h, m = keyed.get(("hoccl", world, op, nbytes)), keyed.get(("mpi", world, op, nbytes))
-                if not (h and m):
-                    continue
-                target = m["time_us"] + floor
-                line = (f"| {op} | {nbytes} | {h['time_us']:.1f} | {m['time_us']:.1f} | {target:.1f} | "
-                        f"{h['time_us'] / target:.2f} |")
-                if gloo:
-                    g = keyed.get(("gloo", world, op, nbytes))
-                    line += f" {g['time_us']:.1f} |" if g else " |"
-                print(line)
+            def cells(fn):
+                return " | ".join(fn(n) for n in sizes)
+
+            def time_of(b):
+                return lambda n: f"{keyed[(b, world, op, n)]['time_us']:.1f}" if (b, world, op, n) in keyed else ""
+
+            def ratio(n):
+                h, m = keyed.get(("hoccl", world, op, n)), keyed.get(("mpi", world, op, n))
+                return f"{h['time_us'] / (m['time_us'] + floor):.2f}" if h and m else ""
+
+            print(f"| {op} | hoccl | {cells(time_of('hoccl'))} |")
+            for b in peers:
+                print(f"| | {label[b]} | {cells(time_of(b))} |")
+            print(f"| | hoccl ÷ (MPI + floor) | {cells(ratio)} |")
+
+
+def _size_label(nbytes: int) -> str:
+    for unit, scale in (("MB", 1 << 20), ("KB", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} B"

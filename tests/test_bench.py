@@ -1,5 +1,7 @@
-"""The collective benchmark runs end to end (both backends in the same ranks) and its figures are
-self-consistent. It asserts nothing about speed: figures are for people to read."""
+"""The collective benchmark runs end to end (the torch backends in the same ranks; Open MPI in its
+own, taking turns with them) and its figures are self-consistent. It asserts nothing about speed: figures are for people to read."""
+import contextlib
+import io
 import json
 import subprocess
 import sys
@@ -43,7 +45,7 @@ def test_bench_vs_mpi_puts_open_mpi_and_torch_floor_beside_hoccl(tmp_path):
                            "--sizes", "4K,64K", "--rounds", "2", "--no-progress", "--json", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    tables = [t for t in proc.stdout.split("\n# ")[1:]]
+    tables = proc.stdout.split("\n# ")[1:]
     assert [t.split()[0] for t in tables] == OPS
     for table in tables:
         head, *lines = table.strip().splitlines()
@@ -68,8 +70,20 @@ def test_bench_vs_mpi_puts_open_mpi_and_torch_floor_beside_hoccl(tmp_path):
             1.0, r["busbw_GBps"])
     # The table's target column is MPI's time plus the floor of the same run.
     mpi = {(r["op"], r["bytes"]): r["time_us"] for r in timed if r["backend"] == "mpi"}
+    hoccl = {(r["op"], r["bytes"]): r["time_us"] for r in timed if r["backend"] == "hoccl"}
     for table in tables:
         op = table.split()[0]
         for line in table.strip().splitlines()[2:]:
             cells = line.split("|")
             assert abs(float(cells[4]) - (mpi[(op, int(cells[0]))] + floor[0]["time_us"])) < 0.11
+    # The markdown form (--markdown) of the same rows: per op, hoccl, MPI and gloo rows and the ratio.
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        bench_mpi.print_markdown(rows)
+    lines = text.getvalue().splitlines()
+    assert "| op | | 4 KB | 64 KB |" in lines
+    for op in OPS:
+        i = next(k for k, line in enumerate(lines) if line.startswith(f"| {op} | hoccl |"))
+        assert [line.split("|")[2].strip() for line in lines[i:i + 4]] == ["hoccl", "MPI", "gloo", "hoccl ÷ (MPI + floor)"]
+        ratio = float(lines[i + 3].split("|")[3])
+        assert abs(ratio - hoccl[(op, 4096)] / (mpi[(op, 4096)] + floor[0]["time_us"])) < 0.006
