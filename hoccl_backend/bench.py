@@ -6,6 +6,7 @@
     python -m hoccl_backend.bench --thp                   # ranks allocate >= 2 MiB tensors on huge pages
     python -m hoccl_backend.bench --shared-buffers        # buffers from hoccl_backend.empty()
     python -m hoccl_backend.bench --overlap               # GPU only: GEMM slowdown under comm
+    python -m hoccl_backend.bench --vs mpi                # hoccl beside Open MPI and torch's floor
 
 Each world size runs in one set of spawned ranks holding a group per backend. For each (op,
 size) the backends take turns over --rounds rounds (order reversed every other round), so both
@@ -23,6 +24,11 @@ caller's environment; the header says which applied.
 --shared-buffers allocates every benchmarked buffer with hoccl_backend.empty() (shared memory
 that hoccl's peers map once and then read with plain loads, like NCCL's registered buffers and
 nccl-tests' -R), for both backends; gloo handles them as any CPU tensor.
+
+--vs mpi (or --vs mpi,gloo) compares with Open MPI instead (bench_mpi.py: installed from the
+system's packages on first use, a C loop over reused malloc buffers, 4 KB - 64 MB by default); the
+figures there are the best over rounds, beside MPI's time plus torch's floor (an 8-byte all_reduce
+on a world-1 hoccl group, measured in the same run).
 """
 from __future__ import annotations
 
@@ -209,6 +215,20 @@ def _by_key(rows: list[dict]) -> dict:
     return {(r["backend"], r["world"], r["op"], r["bytes"]): r for r in rows}
 
 
+def backend_columns_head(backends: list[str]) -> str:
+    """Table header up to the comparison columns: bytes, then time, algbw and busbw per backend."""
+    return f"{'bytes':>10s}" + "".join(f" | {b + ' us':>11s} {'algbw':>7s} {'busbw':>7s}" for b in backends)
+
+
+def backend_columns(keyed: dict, backends: list[str], world: int, op: str, nbytes: int) -> str:
+    """One row of those columns (blank where a backend has no figure)."""
+    line = f"{nbytes:>10d}"
+    for b in backends:
+        r = keyed.get((b, world, op, nbytes))
+        line += f" | {r['time_us']:11.1f} {r['algbw_GBps']:7.3f} {r['busbw_GBps']:7.3f}" if r else " | " + " " * 27
+    return line
+
+
 def print_table(rows: list[dict], backends: list[str], memcpy_GBps: float) -> None:
     keyed = _by_key(rows)
     worlds = sorted({r["world"] for r in rows})
@@ -216,9 +236,7 @@ def print_table(rows: list[dict], backends: list[str], memcpy_GBps: float) -> No
     for world in worlds:
         for op in ops:
             print(f"\n# {op}  world={world}")
-            head = f"{'bytes':>10s}"
-            for b in backends:
-                head += f" | {b + ' us':>11s} {'algbw':>7s} {'busbw':>7s}"
+            head = backend_columns_head(backends)
             if "hoccl" in backends and "gloo" in backends:
                 head += " | busbw x gloo"
             if "hoccl" in backends:
@@ -226,11 +244,7 @@ def print_table(rows: list[dict], backends: list[str], memcpy_GBps: float) -> No
             print(head)
             sizes = sorted({r["bytes"] for r in rows if r["world"] == world and r["op"] == op})
             for nbytes in sizes:
-                line = f"{nbytes:>10d}"
-                for b in backends:
-                    r = keyed.get((b, world, op, nbytes))
-                    line += (f" | {r['time_us']:11.1f} {r['algbw_GBps']:7.3f} {r['busbw_GBps']:7.3f}" if r
-                             else " | " + " " * 27)
+                line = backend_columns(keyed, backends, world, op, nbytes)
                 h, g = keyed.get(("hoccl", world, op, nbytes)), keyed.get(("gloo", world, op, nbytes))
                 if h and g:
                     line += f" | {h['busbw_GBps'] / g['busbw_GBps']:11.2f}x"
@@ -299,6 +313,9 @@ def main(argv=None) -> int:
     parser.add_argument("--shared-buffers", action="store_true",
                         help="allocate the buffers with hoccl_backend.empty() (peers map them once)")
     parser.add_argument("--overlap", action="store_true", help="GPU: GEMM throughput under communication")
+    parser.add_argument("--vs", default=None,
+                        help="peers to compare hoccl with: gloo (default, same as --backend hoccl,gloo), "
+                             "mpi, or mpi,gloo (Open MPI, taking turns with hoccl; see bench_mpi)")
     args, rest = parser.parse_known_args(argv)
     if args.overlap:
         from hoccl_backend import bench_overlap
@@ -306,16 +323,33 @@ def main(argv=None) -> int:
         return bench_overlap.main(rest)
     if rest:
         parser.error(f"unknown arguments {rest}")
-    backends = [b.strip() for b in args.backend.split(",") if b.strip()]
+    peers = [p.strip() for p in args.vs.split(",") if p.strip()] if args.vs else []
+    for p in peers:
+        if p not in ("gloo", "mpi"):
+            parser.error(f"unknown peer {p!r} for --vs; choose from gloo, mpi")
+    backends = ["hoccl", *peers] if peers else [b.strip() for b in args.backend.split(",") if b.strip()]
     worlds = [int(w) for w in args.world.split(",")]
     ops = [o.strip() for o in args.ops.split(",")]
     for op in ops:
         if op not in OPS:
             parser.error(f"unknown op {op!r}; choose from {OPS}")
-    sizes = [parse_size(s) for s in args.sizes.split(",")] if args.sizes else DEFAULT_SIZES
     if args.thp:
         os.environ["THP_MEM_ALLOC_ENABLE"] = "1"  # read by torch in the spawned ranks
     thp = os.environ.get("THP_MEM_ALLOC_ENABLE", "0") == "1"
+    if "mpi" in peers:
+        from hoccl_backend import bench_mpi
+
+        result = bench_mpi.main(args, peers, worlds, ops)
+        if args.markdown:
+            bench_mpi.print_markdown(result["rows"])
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(dict(result, thp=thp), f, indent=1)
+        if args.plot:
+            plot([r for r in result["rows"] if r["backend"] != bench_mpi.FLOOR], args.plot)
+            print(f"plot written to {args.plot}")
+        return 0
+    sizes = [parse_size(s) for s in args.sizes.split(",")] if args.sizes else DEFAULT_SIZES
     # hoccl's own promotion of reused peer-read buffers onto huge pages (the ranks inherit this).
     promote = os.environ.get("HOCCL_HUGEPAGE_MIN_BYTES", "4M")
     promote = "off" if parse_size(promote) <= 0 else f"buffers >= {promote}"

@@ -1,8 +1,12 @@
-"""The collective benchmark runs end to end (both backends in the same ranks) and its figures are
-self-consistent. It asserts nothing about speed: figures are for people to read."""
+"""The collective benchmark runs end to end (the torch backends in the same ranks; Open MPI in its
+own, taking turns with them) and its figures are self-consistent. It asserts nothing about speed: figures are for people to read."""
+import contextlib
+import io
 import json
 import subprocess
 import sys
+
+import pytest
 
 from hoccl_backend.bench import OPS, bus_factor
 
@@ -27,3 +31,59 @@ def test_bench_rows_cover_every_op_backend_and_size(tmp_path):
         algbw = r["bytes"] / (r["time_us"] * 1e-6) / 1e9
         assert abs(r["algbw_GBps"] - algbw) <= 1e-9 * max(1.0, algbw)
         assert abs(r["busbw_GBps"] - algbw * bus_factor(r["op"], 2)) <= 1e-9 * max(1.0, algbw)
+
+
+def test_bench_vs_mpi_puts_open_mpi_and_torch_floor_beside_hoccl(tmp_path):
+    from hoccl_backend import bench_mpi
+
+    try:
+        bench_mpi.ensure_open_mpi()  # apt-get install, as the benchmark itself does
+    except (RuntimeError, OSError, subprocess.CalledProcessError) as e:
+        pytest.skip(f"Open MPI cannot be installed here: {e}")
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "-m", "hoccl_backend.bench", "--vs", "mpi,gloo", "--world", "2",
+                           "--sizes", "4K,64K", "--rounds", "2", "--no-progress", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tables = proc.stdout.split("\n# ")[1:]
+    assert [t.split()[0] for t in tables] == OPS
+    for table in tables:
+        head, *lines = table.strip().splitlines()
+        assert "torch floor" in head and "world=2" in head
+        assert [c.split()[0] for c in lines[0].split("|")] == ["bytes", "hoccl", "gloo", "mpi", "mpi+floor",
+                                                               "busbw", "hoccl", "hoccl"]
+        assert [int(line.split("|")[0]) for line in lines[1:]] == [4096, 65536]
+        for line in lines[1:]:
+            assert len(line.split("|")) == 8 and all(c.strip() for c in line.split("|"))
+    result = json.loads(out.read_text())
+    assert result["peers"] == ["mpi", "gloo"]
+    rows = result["rows"]
+    floor = [r for r in rows if r["backend"] == bench_mpi.FLOOR]
+    assert len(floor) == 1 and floor[0]["floor_for"] == 2 and floor[0]["bytes"] == 8 and floor[0]["time_us"] > 0
+    timed = [r for r in rows if r["backend"] != bench_mpi.FLOOR]
+    assert {(r["backend"], r["op"], r["bytes"]) for r in timed} == {
+        (b, op, n) for b in ("hoccl", "gloo", "mpi") for op in OPS for n in (4096, 65536)}
+    for r in timed:
+        assert r["world"] == 2 and r["rounds"] == 2 and r["stat"] == "best"
+        assert 0 < r["time_us"] <= r["median_us"]
+        assert abs(r["busbw_GBps"] - r["bytes"] / (r["time_us"] * 1e-6) / 1e9 * bus_factor(r["op"], 2)) <= 1e-9 * max(
+            1.0, r["busbw_GBps"])
+    # The table's target column is MPI's time plus the floor of the same run.
+    mpi = {(r["op"], r["bytes"]): r["time_us"] for r in timed if r["backend"] == "mpi"}
+    hoccl = {(r["op"], r["bytes"]): r["time_us"] for r in timed if r["backend"] == "hoccl"}
+    for table in tables:
+        op = table.split()[0]
+        for line in table.strip().splitlines()[2:]:
+            cells = line.split("|")
+            assert abs(float(cells[4]) - (mpi[(op, int(cells[0]))] + floor[0]["time_us"])) < 0.11
+    # The markdown form (--markdown) of the same rows: per op, hoccl, MPI and gloo rows and the ratio.
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        bench_mpi.print_markdown(rows)
+    lines = text.getvalue().splitlines()
+    assert "| op | | 4 KB | 64 KB |" in lines
+    for op in OPS:
+        i = next(k for k, line in enumerate(lines) if line.startswith(f"| {op} | hoccl |"))
+        assert [line.split("|")[2].strip() for line in lines[i:i + 4]] == ["hoccl", "MPI", "gloo", "hoccl ÷ (MPI + floor)"]
+        ratio = float(lines[i + 3].split("|")[3])
+        assert abs(ratio - hoccl[(op, 4096)] / (mpi[(op, 4096)] + floor[0]["time_us"])) < 0.006
