@@ -43,19 +43,6 @@ std::string localHostIdentity() {
   return id.str();
 }
 
-int HostTable::localRank(int rank) const {
-  const auto& mine = ranksOf[hostOf[rank]];
-  for (size_t i = 0; i < mine.size(); ++i)
-    if (mine[i] == rank) return static_cast<int>(i);
-  return -1;
-}
-
-bool HostTable::uniform() const {
-  for (const auto& r : ranksOf)
-    if (r.size() != ranksOf[0].size()) return false;
-  return true;
-}
-
 HostTable HostTable::fromIdentities(const std::vector<std::string>& identityOfRank) {
   HostTable t;
   std::map<std::string, int> index;

@@ -20,8 +20,6 @@ struct HostTable {
   std::vector<int> hostOf;               // per rank
   std::vector<std::vector<int>> ranksOf; // per host, ascending group ranks
   int hosts() const { return static_cast<int>(names.size()); }
-  int localRank(int rank) const;         // index of rank within its host
-  bool uniform() const;                  // every host has the same number of ranks
 
   static HostTable fromIdentities(const std::vector<std::string>& identityOfRank);
   // Collective over the store: every rank of the group must call it once.
