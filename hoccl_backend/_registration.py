@@ -12,6 +12,12 @@ def _create(store, rank: int, size: int, timeout: timedelta):
 
     from hoccl_backend import _C
 
+    if size > 1:
+        names, host_of = _C.host_table(store, rank, size, timeout)
+        if len(names) > 1:
+            from hoccl_backend import multihost
+
+            return multihost.create(store, rank, size, timeout, names, host_of)
     pg = _C.ProcessGroupHOCCL(store, rank, size, timeout)
     _configure_alltoall(pg, rank, size)
     return pg

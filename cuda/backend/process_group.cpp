@@ -60,9 +60,11 @@ void ProcessGroupHOCCL::shutdown() {
 }
 
 void ProcessGroupHOCCL::abort() {
-  group_->abort("hoccl: rank " + std::to_string(rank_) + " called abort()");
+  abortWith("hoccl: rank " + std::to_string(rank_) + " called abort()");
   shutdown();
 }
+
+void ProcessGroupHOCCL::abortWith(const std::string& reason) { group_->abort(reason); }
 
 std::string ProcessGroupHOCCL::lastAlgorithm() const {
   std::lock_guard<std::mutex> lock(lastAlgoMutex_);

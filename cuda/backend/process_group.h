@@ -46,6 +46,8 @@ class ProcessGroupHOCCL : public c10d::Backend {
   void setSequenceNumberForGroup() override {}
   uint64_t getSequenceNumberForGroup() override { return issued_.load(); }
   void abort() override;
+  // Breaks the group on every rank of it with this reason (what their blocked ops then raise).
+  void abortWith(const std::string& reason);
 
   // The VarioPath scheduler all_to_all plans with: the one varipath.scheduler_for() returns for
   // HOCCL_TOPOLOGY and HOCCL_VARIPATH_MODEL (set by the Python creator; null on the flat

@@ -50,6 +50,12 @@ const std::vector<Variable> kTable = {
     {"HOCCL_HOSTNAME", K::Text, R::Core, "auto", "",
      "host identity of a rank; auto: the hostname plus what makes /dev/shm reachable (boot id, IPC and mount "
      "namespaces), so containers with separate /dev/shm are separate hosts"},
+    {"HOCCL_INTER_HOST", K::Choice, R::Python, "gloo", "gloo",
+     "engine of the inter-host leg when a group spans hosts: gloo (torch's ProcessGroupGloo; honours "
+     "GLOO_SOCKET_IFNAME)"},
+    {"HOCCL_LEADER_MAX_BYTES", K::Bytes, R::Core, "64K", "",
+     "across hosts, all_reduce up to this size goes through one leader per host (latency); larger ones along "
+     "every rail (bandwidth)"},
     {"HOCCL_CUDA_TRANSPORT", K::Choice, R::Core, "ce", "ce,host",
      "CUDA tensors: ce (copy engines where covered) or host (host staging for every op)"},
     {"HOCCL_CE_PATH", K::Choice, R::Core, "auto", "auto,p2p,host",

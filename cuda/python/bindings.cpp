@@ -10,6 +10,7 @@
 #include "transport/shm/shared_tensor.h"
 #include "common/config.h"
 #include "backend/host_table.h"
+#include "backend/multihost/multihost_group.h"
 #include "varipath/scheduler.h"
 
 namespace py = pybind11;
@@ -42,6 +43,35 @@ PYBIND11_MODULE(_C, m) {
           "[[(src, dst, bytes), ...], ...]: the phases the last all_to_all ran, its self-copy phase first")
       .def("alltoall_plan_counts", &hoccl::ProcessGroupHOCCL::allToAllPlanCounts,
            "(split matrices planned by VarioPath, served from the plan cache) on this rank");
+
+  m.def(
+      "host_table",
+      [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout) {
+        auto t = hoccl::HostTable::exchange(store, rank, size, timeout);
+        return std::make_pair(t.names, t.hostOf);
+      },
+      py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::call_guard<py::gil_scoped_release>(),
+      "(host identities in order of their lowest rank, host index of each rank): collective over the store");
+  py::class_<hoccl::MultiHostGroup, c10d::Backend, c10::intrusive_ptr<hoccl::MultiHostGroup>>(m, "MultiHostGroup")
+      .def(py::init([](int rank, int size, std::chrono::milliseconds timeout, std::vector<std::string> names,
+                       std::vector<int> hostOf, c10::intrusive_ptr<hoccl::ProcessGroupHOCCL> local,
+                       c10::intrusive_ptr<c10d::Backend> rail, c10::intrusive_ptr<c10d::Backend> global,
+                       c10::intrusive_ptr<c10d::Backend> p2p, std::vector<std::string> addressOf) {
+             std::vector<std::string> identities;
+             for (int h : hostOf) identities.push_back(names.at(h));
+             hoccl::InterHostGroups groups{std::move(local), std::move(rail), std::move(global), std::move(p2p),
+                                           std::move(addressOf)};
+             return c10::make_intrusive<hoccl::MultiHostGroup>(rank, size, timeout,
+                                                               hoccl::HostTable::fromIdentities(identities),
+                                                               std::move(groups),
+                                                               hoccl::config::bytes("HOCCL_LEADER_MAX_BYTES"));
+           }),
+           py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("host_names"), py::arg("host_of"),
+           py::arg("local"), py::arg("rail"), py::arg("global_group"), py::arg("p2p"), py::arg("address_of"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("last_algorithm", &hoccl::MultiHostGroup::lastAlgorithm)
+      .def("hosts", [](const hoccl::MultiHostGroup& g) { return g.layout().table.ranksOf; },
+           "ranks of each host, hosts in order of their lowest rank");
 
   m.def(
       "describe_plan",

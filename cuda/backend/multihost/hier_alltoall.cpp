@@ -1,0 +1,140 @@
+// all_to_all across hosts: blocks between ranks of one host move through the host's shared
+// memory while the blocks that cross hosts go straight to their destination over the global
+// gloo group, at the same time. Each cross-host byte crosses once, so the link carries exactly
+// the cross-host part of the split matrix (the direct form of docs/multihost.md).
+#include "backend/multihost/legs.h"
+#include "backend/multihost/multihost_group.h"
+#include "backend/tensor_args.h"
+
+namespace hoccl {
+
+void checkMultiHostTensor(const at::Tensor& t, const char* op, int rank);
+
+namespace {
+
+// Byte blocks of a contiguous tensor cut along dim 0 by row counts.
+std::vector<at::Tensor> byteBlocks(const at::Tensor& t, const std::vector<int64_t>& rows) {
+  at::Tensor bytes = legs::bytesOf(t);
+  int64_t total = 0;
+  for (auto r : rows) total += r;
+  const int64_t rowBytes = total ? bytes.numel() / total : 0;
+  std::vector<at::Tensor> blocks;
+  int64_t off = 0;
+  for (auto r : rows) {
+    blocks.push_back(bytes.narrow(0, off, r * rowBytes));
+    off += r * rowBytes;
+  }
+  return blocks;
+}
+
+}  // namespace
+
+void MultiHostGroup::alltoallBytes(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs,
+                                   const char* op) {
+  setAlgorithm("multihost_direct");
+  std::vector<int64_t> sendSplits(size_, 0), recvSplits(size_, 0);
+  std::vector<at::Tensor> sendParts, localIns, localOuts;
+  for (int r = 0; r < size_; ++r) {
+    if (layout_.hostOf(r) == host_) {
+      localIns.push_back(ins[r]);
+      localOuts.push_back(outs[r]);
+    } else {
+      sendSplits[r] = ins[r].numel();
+      recvSplits[r] = outs[r].numel();
+      sendParts.push_back(ins[r]);
+    }
+  }
+  auto opts = at::TensorOptions().dtype(at::kByte);
+  at::Tensor sendBuf = sendParts.empty() ? at::empty({0}, opts) : at::cat(sendParts);
+  int64_t recvTotal = 0;
+  for (auto v : recvSplits) recvTotal += v;
+  at::Tensor recvBuf = at::empty({recvTotal}, opts);
+  checkUsable(op);
+  c10::intrusive_ptr<c10d::Work> crossing;
+  // gloo takes the split vectors over (moves from them): hand it copies.
+  std::vector<int64_t> recvCounts = recvSplits, sendCounts = sendSplits;
+  try {
+    crossing = groups_.global->alltoall_base(recvBuf, sendBuf, recvCounts, sendCounts, c10d::AllToAllOptions());
+  } catch (const std::exception& e) {
+    interHostFailed(op, allRanks_, e);
+  }
+  local(op, [&](ProcessGroupHOCCL& g) { return g.alltoall(localOuts, localIns, c10d::AllToAllOptions()); });
+  try {
+    crossing->wait();
+  } catch (const std::exception& e) {
+      interHostFailed(op, allRanks_, e);
+  }
+  int64_t off = 0;
+  for (int r = 0; r < size_; ++r) {
+    if (layout_.hostOf(r) == host_) continue;
+    outs[r].copy_(recvBuf.narrow(0, off, recvSplits[r]));
+    off += recvSplits[r];
+  }
+}
+
+c10::intrusive_ptr<c10d::Work> MultiHostGroup::alltoall_base(at::Tensor& output, at::Tensor& userInput,
+                                                             std::vector<int64_t>& outputSplits,
+                                                             std::vector<int64_t>& inputSplits,
+                                                             const c10d::AllToAllOptions&) {
+  const char* op = "all_to_all_single";
+  checkMultiHostTensor(userInput, op, rank_);
+  checkMultiHostTensor(output, op, rank_);
+  TORCH_CHECK(userInput.scalar_type() == output.scalar_type(), "hoccl ", op, " on rank ", rank_,
+              ": input dtype ", userInput.scalar_type(), " differs from output dtype ", output.scalar_type());
+  auto splitsFor = [&](const at::Tensor& t, const std::vector<int64_t>& splits, const char* what) {
+    int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+    std::vector<int64_t> s = splits;
+    if (s.empty()) {
+      TORCH_CHECK(rows % size_ == 0, "hoccl ", op, " on rank ", rank_, ": ", what, " has ", rows,
+                  " rows, not divisible by the world size ", size_, " (pass split sizes)");
+      s.assign(size_, rows / size_);
+    }
+    TORCH_CHECK(static_cast<int>(s.size()) == size_, "hoccl ", op, " on rank ", rank_, ": ", s.size(), " ", what,
+                " split sizes for ", size_, " ranks");
+    int64_t sum = 0;
+    for (auto v : s) {
+      TORCH_CHECK(v >= 0, "hoccl ", op, " on rank ", rank_, ": negative ", what, " split size ", v);
+      sum += v;
+    }
+    TORCH_CHECK(sum == rows, "hoccl ", op, " on rank ", rank_, ": ", what, " split sizes sum to ", sum, " but the ",
+                what, " has ", rows, " rows");
+    return s;
+  };
+  auto inRows = splitsFor(userInput, inputSplits, "input");
+  auto outRows = splitsFor(output, outputSplits, "output");
+  at::Tensor in = readableWhileWriting(userInput, {output}).contiguous();
+  Staged out(output);
+  return enqueue(c10d::OpType::ALLTOALL_BASE, {output}, [this, in, out, inRows, outRows, op] {
+    alltoallBytes(byteBlocks(in, inRows), byteBlocks(out.work, outRows), op);
+    out.writeBack();
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> MultiHostGroup::alltoall(std::vector<at::Tensor>& outputs,
+                                                        std::vector<at::Tensor>& userInputs,
+                                                        const c10d::AllToAllOptions&) {
+  const char* op = "all_to_all";
+  TORCH_CHECK(static_cast<int>(userInputs.size()) == size_ && static_cast<int>(outputs.size()) == size_, "hoccl ",
+              op, " on rank ", rank_, ": needs ", size_, " input and output tensors, got ", userInputs.size(),
+              " and ", outputs.size());
+  std::vector<at::Tensor> ins;
+  std::vector<Staged> outs;
+  for (int r = 0; r < size_; ++r) {
+    checkMultiHostTensor(userInputs[r], op, rank_);
+    checkMultiHostTensor(outputs[r], op, rank_);
+    TORCH_CHECK(userInputs[r].scalar_type() == outputs[r].scalar_type(), "hoccl ", op, " on rank ", rank_,
+                ": input ", r, " has dtype ", userInputs[r].scalar_type(), " but output ", r, " has ",
+                outputs[r].scalar_type());
+    ins.push_back(readableWhileWriting(userInputs[r], outputs).contiguous());
+    outs.emplace_back(outputs[r]);
+  }
+  return enqueue(c10d::OpType::ALLTOALL, outputs, [this, ins, outs, op] {
+    std::vector<at::Tensor> i, o;
+    for (auto& t : ins) i.push_back(legs::bytesOf(t));
+    for (auto& s : outs) o.push_back(legs::bytesOf(s.work));
+    alltoallBytes(i, o, op);
+    for (auto& s : outs) s.writeBack();
+  });
+}
+
+}  // namespace hoccl

@@ -1,0 +1,225 @@
+// Data movement across hosts, dtype-blind (bytes). all_gather on even hosts: along the rail
+// first (each rank fetches its rail peers' blocks: every block crosses to each other host once),
+// then inside the host; uneven hosts gather to their leader, the leaders exchange padded host
+// blocks, and each leader broadcasts inside its host. broadcast: inside the root's host, among
+// the leaders, inside every other host. gather and scatter ride on all_gather and broadcast.
+#include "backend/multihost/legs.h"
+#include "backend/multihost/multihost_group.h"
+#include "backend/tensor_args.h"
+
+namespace hoccl {
+
+void checkMultiHostTensor(const at::Tensor& t, const char* op, int rank);
+
+void MultiHostGroup::broadcastFlat(const char* op, const at::Tensor& bytes, int root) {
+  if (bytes.numel() == 0) return;
+  const int rootHost = layout_.hostOf(root);
+  auto inHost = [&](int localRoot) {
+    local(op, [&](ProcessGroupHOCCL& g) {
+      std::vector<at::Tensor> v{bytes};
+      return g.broadcast(v, legs::broadcastOpts(localRoot));
+    });
+  };
+  if (host_ == rootHost) inHost(layout_.localIndex[root]);
+  if (localRank_ == 0)
+    across(op, *groups_.rail, myRail_, [&](c10d::Backend& g) {
+      std::vector<at::Tensor> v{bytes};
+      return g.broadcast(v, legs::broadcastOpts(rootHost));  // leader of host h is rail 0's rank h
+    });
+  if (host_ != rootHost) inHost(0);
+}
+
+void MultiHostGroup::allgatherFlat(const char* op, const at::Tensor& in, const std::vector<at::Tensor>& outs) {
+  const int64_t n = in.numel(), H = layout_.hosts();
+  if (n == 0) return;
+  auto place = [&](const at::Tensor& all, auto slotOf) {
+    for (int r = 0; r < size_; ++r) outs[r].copy_(all.narrow(0, slotOf(r) * n, n));
+  };
+  if (layout_.even) {
+    const int64_t L = layout_.localSize(host_);
+    at::Tensor railBuf = at::empty({H * n}, in.options());
+    at::Tensor src = in;
+    across(op, *groups_.rail, myRail_, [&](c10d::Backend& g) { return g._allgather_base(railBuf, src); });
+    at::Tensor all = at::empty({L * H * n}, in.options());
+    local(op, [&](ProcessGroupHOCCL& g) { return g._allgather_base(all, railBuf, c10d::AllgatherOptions()); });
+    place(all, [&](int r) { return int64_t(layout_.localIndex[r]) * H + layout_.hostOf(r); });
+    return;
+  }
+  const int64_t widest = static_cast<int64_t>(layout_.railRanks.size()), L = layout_.localSize(host_);
+  at::Tensor hostBlock = at::zeros({widest * n}, in.options());
+  at::Tensor mine = hostBlock.narrow(0, 0, L * n);
+  at::Tensor src = in;
+  local(op, [&](ProcessGroupHOCCL& g) { return g._allgather_base(mine, src, c10d::AllgatherOptions()); });
+  at::Tensor all = at::empty({H * widest * n}, in.options());
+  if (localRank_ == 0)
+    across(op, *groups_.rail, myRail_, [&](c10d::Backend& g) { return g._allgather_base(all, hostBlock); });
+  local(op, [&](ProcessGroupHOCCL& g) {
+    std::vector<at::Tensor> v{all};
+    return g.broadcast(v, legs::broadcastOpts(0));
+  });
+  place(all, [&](int r) { return int64_t(layout_.hostOf(r)) * widest + layout_.localIndex[r]; });
+}
+
+c10::intrusive_ptr<c10d::Work> MultiHostGroup::broadcast(std::vector<at::Tensor>& tensors,
+                                                         const c10d::BroadcastOptions& opts) {
+  TORCH_CHECK(tensors.size() == 1, "hoccl broadcast on rank ", rank_, ": expects one tensor, got ", tensors.size());
+  checkMultiHostTensor(tensors[0], "broadcast", rank_);
+  const int root = static_cast<int>(opts.rootRank);
+  checkRoot(root, size_, "broadcast", rank_);
+  Staged s(tensors[0]);
+  return enqueue(c10d::OpType::BROADCAST, tensors, [this, s, root] {
+    setAlgorithm("multihost_leaders");
+    broadcastFlat("broadcast", legs::bytesOf(s.work), root);
+    s.writeBack();
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> MultiHostGroup::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                         std::vector<at::Tensor>& inputs,
+                                                         const c10d::AllgatherOptions&) {
+  TORCH_CHECK(inputs.size() == 1 && outputs.size() == 1, "hoccl all_gather on rank ", rank_,
+              ": expects one input and one output list");
+  TORCH_CHECK((int)outputs[0].size() == size_, "hoccl all_gather on rank ", rank_, ": expects ", size_,
+              " outputs, got ", outputs[0].size());
+  checkMultiHostTensor(inputs[0], "all_gather", rank_);
+  std::vector<Staged> staged;
+  for (auto& o : outputs[0]) {
+    checkMultiHostTensor(o, "all_gather", rank_);
+    checkSameAs(o, inputs[0], "all_gather", rank_, "an output");
+    staged.emplace_back(o);
+  }
+  at::Tensor in = readableWhileWriting(inputs[0], outputs[0]).contiguous();
+  return enqueue(c10d::OpType::ALLGATHER, outputs[0], [this, staged, in] {
+    std::vector<at::Tensor> outs;
+    for (const auto& s : staged) outs.push_back(legs::bytesOf(s.work));
+    setAlgorithm(layout_.even ? "multihost_rails" : "multihost_leaders");
+    allgatherFlat("all_gather", legs::bytesOf(in), outs);
+    for (const auto& s : staged) s.writeBack();
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> MultiHostGroup::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                               const c10d::AllgatherOptions&) {
+  checkMultiHostTensor(input, "all_gather_into_tensor", rank_);
+  checkMultiHostTensor(output, "all_gather_into_tensor", rank_);
+  TORCH_CHECK(output.numel() == input.numel() * size_ && input.scalar_type() == output.scalar_type(),
+              "hoccl all_gather_into_tensor on rank ", rank_, ": the output has ", output.numel(), " ",
+              output.scalar_type(), " elements; expected ", size_, " x the input's ", input.numel(), " ",
+              input.scalar_type());
+  Staged s(output);
+  at::Tensor in = readableWhileWriting(input, {output}).contiguous();
+  return enqueue(c10d::OpType::_ALLGATHER_BASE, {output}, [this, s, in] {
+    at::Tensor bytes = legs::bytesOf(s.work);
+    const int64_t n = legs::bytesOf(in).numel();
+    std::vector<at::Tensor> outs;
+    for (int r = 0; r < size_; ++r) outs.push_back(bytes.narrow(0, r * n, n));
+    setAlgorithm(layout_.even ? "multihost_rails" : "multihost_leaders");
+    allgatherFlat("all_gather_into_tensor", legs::bytesOf(in), outs);
+    s.writeBack();
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> MultiHostGroup::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputLists,
+                                                                   std::vector<at::Tensor>& inputs,
+                                                                   const c10d::AllgatherOptions& opts) {
+  TORCH_CHECK(outputLists.size() == inputs.size(), "hoccl allgather_coalesced on rank ", rank_, ": ",
+              outputLists.size(), " output lists for ", inputs.size(), " inputs");
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    std::vector<std::vector<at::Tensor>> outs{outputLists[i]};
+    std::vector<at::Tensor> ins{inputs[i]};
+    works.push_back(allgather(outs, ins, opts));
+  }
+  return c10::make_intrusive<WorkGroupHOCCL>(rank_, std::move(works));
+}
+
+c10::intrusive_ptr<c10d::Work> MultiHostGroup::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                               std::vector<at::Tensor>& inputs,
+                                                                               const c10d::AllgatherOptions& opts) {
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  for (size_t i = 0; i < outputs.size(); ++i) works.push_back(_allgather_base(outputs[i], inputs[i], opts));
+  return c10::make_intrusive<WorkGroupHOCCL>(rank_, std::move(works));
+}
+
+c10::intrusive_ptr<c10d::Work> MultiHostGroup::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                      std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) {
+  TORCH_CHECK(inputs.size() == 1, "hoccl gather on rank ", rank_, ": expects one input");
+  const int root = static_cast<int>(opts.rootRank);
+  checkRoot(root, size_, "gather", rank_);
+  checkMultiHostTensor(inputs[0], "gather", rank_);
+  std::vector<Staged> staged;
+  if (rank_ == root) {
+    TORCH_CHECK(outputs.size() == 1 && (int)outputs[0].size() == size_, "hoccl gather on rank ", rank_,
+                ": the root expects ", size_, " outputs");
+    for (auto& o : outputs[0]) {
+      checkMultiHostTensor(o, "gather", rank_);
+      checkSameAs(o, inputs[0], "gather", rank_, "an output");
+      staged.emplace_back(o);
+    }
+  } else {
+    TORCH_CHECK(outputs.empty() || outputs[0].empty(), "hoccl gather on rank ", rank_,
+                ": only the root (rank ", root, ") passes outputs");
+  }
+  at::Tensor in = inputs[0].contiguous().clone();
+  return enqueue(c10d::OpType::GATHER, rank_ == root ? outputs[0] : std::vector<at::Tensor>{},
+                 [this, staged, in] {
+                   const int64_t n = legs::bytesOf(in).numel();
+                   at::Tensor all = at::empty({size_ * n}, in.options().dtype(at::kByte));
+                   std::vector<at::Tensor> outs;
+                   for (int r = 0; r < size_; ++r) outs.push_back(all.narrow(0, r * n, n));
+                   setAlgorithm(layout_.even ? "multihost_rails" : "multihost_leaders");
+                   allgatherFlat("gather", legs::bytesOf(in), outs);
+                   for (size_t r = 0; r < staged.size(); ++r) {
+                     legs::bytesOf(staged[r].work).copy_(outs[r]);
+                     staged[r].writeBack();
+                   }
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> MultiHostGroup::scatter(std::vector<at::Tensor>& outputs,
+                                                       std::vector<std::vector<at::Tensor>>& inputs,
+                                                       const c10d::ScatterOptions& opts) {
+  TORCH_CHECK(outputs.size() == 1, "hoccl scatter on rank ", rank_, ": expects one output");
+  const int root = static_cast<int>(opts.rootRank);
+  checkRoot(root, size_, "scatter", rank_);
+  checkMultiHostTensor(outputs[0], "scatter", rank_);
+  at::Tensor packed;
+  if (rank_ == root) {
+    TORCH_CHECK(inputs.size() == 1 && (int)inputs[0].size() == size_, "hoccl scatter on rank ", rank_,
+                ": the root expects ", size_, " inputs");
+    std::vector<at::Tensor> parts;
+    for (auto& in : inputs[0]) {
+      checkMultiHostTensor(in, "scatter", rank_);
+      checkSameAs(in, outputs[0], "scatter", rank_, "an input");
+      parts.push_back(legs::bytesOf(in.contiguous()));
+    }
+    packed = at::cat(parts);
+  } else {
+    TORCH_CHECK(inputs.empty() || inputs[0].empty(), "hoccl scatter on rank ", rank_,
+                ": only the root (rank ", root, ") passes inputs");
+    packed = at::empty({size_ * nbytes(outputs[0])}, outputs[0].options().dtype(at::kByte));
+  }
+  Staged s(outputs[0]);
+  return enqueue(c10d::OpType::SCATTER, outputs, [this, s, packed, root] {
+    at::Tensor mine = legs::bytesOf(s.work);
+    setAlgorithm("multihost_leaders");
+    broadcastFlat("scatter", packed, root);
+    mine.copy_(packed.narrow(0, rank_ * mine.numel(), mine.numel()));
+    s.writeBack();
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> MultiHostGroup::barrier(const c10d::BarrierOptions&) {
+  return enqueue(c10d::OpType::BARRIER, {}, [this] {
+    c10d::BarrierOptions o;
+    local("barrier", [&](ProcessGroupHOCCL& g) { return g.barrier(o); });
+    if (localRank_ == 0) across("barrier", *groups_.rail, myRail_, [&](c10d::Backend& g) { return g.barrier(o); });
+    local("barrier", [&](ProcessGroupHOCCL& g) { return g.barrier(o); });
+  });
+}
+
+void MultiHostGroup::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
+  groups_.global->monitoredBarrier(opts, waitAllRanks);
+}
+
+}  // namespace hoccl

@@ -1,0 +1,203 @@
+// Reductions across hosts. Large all_reduce on even hosts: reduce-scatter inside each host,
+// all_reduce of each shard along its rail, all-gather inside each host (each byte crosses hosts
+// on one rail only). Small ones, and uneven hosts: reduce to each host's leader, all_reduce
+// among the leaders, broadcast inside each host. The rail leg sums (AVG and PREMUL_SUM are scaled
+// once, after it), in float for fp16/bf16; every rank ends with the bytes one rail member
+// computed, so results are identical everywhere.
+#include "backend/multihost/legs.h"
+#include "backend/multihost/multihost_group.h"
+#include "backend/tensor_args.h"
+
+namespace hoccl {
+
+namespace {
+
+void checkHostTensor(const at::Tensor& t, const char* op, int rank) {
+  TORCH_CHECK(!t.defined() || !t.is_cuda(), "hoccl ", op, " on rank ", rank,
+              ": CUDA tensors in a group spanning hosts are not supported yet (copy to the CPU first)");
+  checkTensor(t, op, rank);
+}
+
+}  // namespace
+
+void checkMultiHostTensor(const at::Tensor& t, const char* op, int rank) { checkHostTensor(t, op, rank); }
+
+void MultiHostGroup::finishReduction(const at::Tensor& t, RedOp op, double factor) const {
+  postScale(t.data_ptr(), t.numel(), t.scalar_type(), op, factor, size_);
+}
+
+void MultiHostGroup::railAllreduce(const char* op, const at::Tensor& t, RedOp redOp, double factor) {
+  at::Tensor wide = t.to(legs::acrossDtype(t.scalar_type()));
+  across(op, *groups_.rail, myRail_, [&](c10d::Backend& g) {
+    std::vector<at::Tensor> v{wide};
+    return g.allreduce(v, legs::allreduceOpts(redOp));
+  });
+  finishReduction(wide, redOp, factor);
+  if (!wide.is_same(t)) t.copy_(wide);
+}
+
+void MultiHostGroup::allreduceFlat(const char* op, const at::Tensor& flat, RedOp redOp, double factor) {
+  if (flat.numel() == 0) return;
+  int L = layout_.localSize(host_);
+  bool leaders = !layout_.even || nbytes(flat) <= leaderMaxBytes_ || flat.numel() < L;
+  setAlgorithm(leaders ? "multihost_leaders" : "multihost_rails");
+  if (leaders)
+    allreduceLeaders(op, flat, redOp, factor);
+  else
+    allreduceRails(op, flat, redOp, factor);
+}
+
+void MultiHostGroup::allreduceRails(const char* op, const at::Tensor& flat, RedOp redOp, double factor) {
+  const int64_t L = layout_.localSize(host_), n = flat.numel(), c = (n + L - 1) / L;
+  const bool padded = n % L != 0;
+  at::Tensor in = flat;
+  if (padded) {
+    in = at::zeros({c * L}, flat.options());
+    in.narrow(0, 0, n).copy_(flat);
+  }
+  at::Tensor shard = at::empty({c}, flat.options());
+  local(op, [&](ProcessGroupHOCCL& g) { return g._reduce_scatter_base(shard, in, legs::reduceScatterOpts(redOp)); });
+  railAllreduce(op, shard, redOp, factor);
+  at::Tensor out = padded ? at::empty({c * L}, flat.options()) : flat;
+  local(op, [&](ProcessGroupHOCCL& g) { return g._allgather_base(out, shard, c10d::AllgatherOptions()); });
+  if (padded) flat.copy_(out.narrow(0, 0, n));
+}
+
+void MultiHostGroup::allreduceLeaders(const char* op, const at::Tensor& flat, RedOp redOp, double factor) {
+  local(op, [&](ProcessGroupHOCCL& g) {
+    std::vector<at::Tensor> v{flat};
+    c10d::ReduceOptions o;
+    o.reduceOp = legs::partialOp(redOp);
+    o.rootRank = 0;
+    return g.reduce(v, o);
+  });
+  if (localRank_ == 0) railAllreduce(op, flat, redOp, factor);  // rail 0 is the host leaders
+  local(op, [&](ProcessGroupHOCCL& g) {
+    std::vector<at::Tensor> v{flat};
+    return g.broadcast(v, legs::broadcastOpts(0));
+  });
+}
+
+// Local rank l ends the host's leg with its host's partial sums of the blocks that rail l's
+// members own, in host order; the rail's reduce-scatter then gives each member its block.
+void MultiHostGroup::reduceScatterFlat(const char* op, const std::vector<at::Tensor>& blocks, const at::Tensor& out,
+                                       RedOp redOp, double factor) {
+  const int64_t n = out.numel(), H = layout_.hosts(), L = layout_.localSize(host_);
+  if (n == 0) return;
+  if (!layout_.even) {
+    setAlgorithm("multihost_leaders");
+    at::Tensor packed = at::cat(blocks);
+    allreduceLeaders(op, packed, redOp, factor);
+    out.copy_(packed.narrow(0, rank_ * n, n));
+    return;
+  }
+  setAlgorithm("multihost_rails");
+  at::Tensor byRail = at::empty({L * H * n}, out.options());
+  for (int64_t l = 0; l < L; ++l)
+    for (int64_t h = 0; h < H; ++h) byRail.narrow(0, (l * H + h) * n, n).copy_(blocks[layout_.table.ranksOf[h][l]]);
+  at::Tensor part = at::empty({H * n}, out.options());
+  local(op, [&](ProcessGroupHOCCL& g) { return g._reduce_scatter_base(part, byRail, legs::reduceScatterOpts(redOp)); });
+  at::Tensor wide = part.to(legs::acrossDtype(part.scalar_type()));
+  at::Tensor mine = at::empty({n}, wide.options());
+  across(op, *groups_.rail, myRail_, [&](c10d::Backend& g) {
+    return g._reduce_scatter_base(mine, wide, legs::reduceScatterOpts(redOp));
+  });
+  finishReduction(mine, redOp, factor);
+  out.copy_(mine);
+}
+
+c10::intrusive_ptr<c10d::Work> MultiHostGroup::allreduce(std::vector<at::Tensor>& tensors,
+                                                         const c10d::AllreduceOptions& opts) {
+  TORCH_CHECK(tensors.size() == 1, "hoccl all_reduce on rank ", rank_, ": expects one tensor, got ", tensors.size());
+  double factor;
+  RedOp op = toRedOp(opts.reduceOp, &factor, "all_reduce");
+  checkHostTensor(tensors[0], "all_reduce", rank_);
+  checkReduceArgs(tensors[0], op, "all_reduce", rank_);
+  Staged s(tensors[0]);
+  return enqueue(c10d::OpType::ALLREDUCE, tensors, [this, s, op, factor] {
+    allreduceFlat("all_reduce", reducible(s.work).view(-1), op, factor);
+    s.writeBack();
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> MultiHostGroup::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                                   const c10d::AllreduceCoalescedOptions& opts) {
+  double factor;
+  RedOp op = toRedOp(opts.reduceOp, &factor, "allreduce_coalesced");
+  std::vector<Staged> staged;
+  for (auto& t : tensors) {
+    checkHostTensor(t, "allreduce_coalesced", rank_);
+    checkReduceArgs(t, op, "allreduce_coalesced", rank_);
+    staged.emplace_back(t);
+  }
+  return enqueue(c10d::OpType::ALLREDUCE_COALESCED, tensors, [this, staged, op, factor] {
+    for (const auto& s : staged) {
+      allreduceFlat("allreduce_coalesced", reducible(s.work).view(-1), op, factor);
+      s.writeBack();
+    }
+  });
+}
+
+// The root gets the all-reduced value; other ranks keep their input.
+c10::intrusive_ptr<c10d::Work> MultiHostGroup::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
+  TORCH_CHECK(tensors.size() == 1, "hoccl reduce on rank ", rank_, ": expects one tensor, got ", tensors.size());
+  double factor;
+  RedOp op = toRedOp(opts.reduceOp, &factor, "reduce");
+  checkHostTensor(tensors[0], "reduce", rank_);
+  checkReduceArgs(tensors[0], op, "reduce", rank_);
+  checkRoot(static_cast<int>(opts.rootRank), size_, "reduce", rank_);
+  Staged s(tensors[0]);
+  bool root = opts.rootRank == rank_;
+  return enqueue(c10d::OpType::REDUCE, tensors, [this, s, op, factor, root] {
+    at::Tensor w = root ? s.work : s.work.clone();
+    allreduceFlat("reduce", reducible(w).view(-1), op, factor);
+    if (root) s.writeBack();
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> MultiHostGroup::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                              std::vector<std::vector<at::Tensor>>& inputs,
+                                                              const c10d::ReduceScatterOptions& opts) {
+  TORCH_CHECK(outputs.size() == 1 && inputs.size() == 1, "hoccl reduce_scatter on rank ", rank_,
+              ": expects one output and one input list");
+  TORCH_CHECK((int)inputs[0].size() == size_, "hoccl reduce_scatter on rank ", rank_, ": expects ", size_,
+              " inputs, got ", inputs[0].size());
+  double factor;
+  RedOp op = toRedOp(opts.reduceOp, &factor, "reduce_scatter");
+  checkHostTensor(outputs[0], "reduce_scatter", rank_);
+  checkReduceArgs(outputs[0], op, "reduce_scatter", rank_);
+  std::vector<at::Tensor> blocks;
+  for (auto& in : inputs[0]) {
+    checkHostTensor(in, "reduce_scatter", rank_);
+    checkSameAs(in, outputs[0], "reduce_scatter", rank_, "an input");
+    blocks.push_back(reducible(in.contiguous()).view(-1));
+  }
+  Staged s(outputs[0]);
+  return enqueue(c10d::OpType::REDUCE_SCATTER, outputs, [this, s, blocks, op, factor] {
+    reduceScatterFlat("reduce_scatter", blocks, reducible(s.work).view(-1), op, factor);
+    s.writeBack();
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> MultiHostGroup::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                                    const c10d::ReduceScatterOptions& opts) {
+  checkHostTensor(input, "reduce_scatter_tensor", rank_);
+  checkHostTensor(output, "reduce_scatter_tensor", rank_);
+  TORCH_CHECK(input.numel() == output.numel() * size_ && input.scalar_type() == output.scalar_type(),
+              "hoccl reduce_scatter_tensor on rank ", rank_, ": the input has ", input.numel(), " ",
+              input.scalar_type(), " elements; expected ", size_, " x the output's ", output.numel(), " ",
+              output.scalar_type());
+  std::vector<at::Tensor> outs{output};
+  std::vector<std::vector<at::Tensor>> ins{input.contiguous().view(-1).chunk(size_)};
+  if (output.numel() == 0) ins[0].assign(size_, at::empty({0}, output.options()));
+  return reduce_scatter(outs, ins, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> MultiHostGroup::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  for (size_t i = 0; i < outputs.size(); ++i) works.push_back(_reduce_scatter_base(outputs[i], inputs[i], opts));
+  return c10::make_intrusive<WorkGroupHOCCL>(rank_, std::move(works));
+}
+
+}  // namespace hoccl

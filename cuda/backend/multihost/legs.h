@@ -1,0 +1,68 @@
+// Small helpers the multi-host algorithms share: c10d options for one leg, byte views, the
+// reduce op a leg runs.
+#pragma once
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+
+#include "exec/reduce_kernels.h"
+
+namespace hoccl::legs {
+
+// The op a partial reduction runs: sums of every kind add (hoccl scales once, at the end).
+inline c10d::ReduceOp partialOp(RedOp op) {
+  switch (op) {
+    case RedOp::Product: return c10d::ReduceOp::PRODUCT;
+    case RedOp::Min: return c10d::ReduceOp::MIN;
+    case RedOp::Max: return c10d::ReduceOp::MAX;
+    case RedOp::BitAnd: return c10d::ReduceOp::BAND;
+    case RedOp::BitOr: return c10d::ReduceOp::BOR;
+    case RedOp::BitXor: return c10d::ReduceOp::BXOR;
+    default: return c10d::ReduceOp::SUM;
+  }
+}
+
+inline c10d::AllreduceOptions allreduceOpts(RedOp op) {
+  c10d::AllreduceOptions o;
+  o.reduceOp = partialOp(op);
+  return o;
+}
+
+inline c10d::ReduceScatterOptions reduceScatterOpts(RedOp op) {
+  c10d::ReduceScatterOptions o;
+  o.reduceOp = partialOp(op);
+  return o;
+}
+
+inline c10d::BroadcastOptions broadcastOpts(int root) {
+  c10d::BroadcastOptions o;
+  o.rootRank = root;
+  return o;
+}
+
+// A contiguous tensor's bytes as a one-dimensional uint8 tensor (data moves are dtype-blind).
+inline at::Tensor bytesOf(const at::Tensor& t) {
+  return t.view(-1).view(at::kByte);
+}
+
+inline bool halfWidth(const at::Tensor& t) {
+  return t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16;
+}
+
+}  // namespace hoccl::legs
+
+namespace hoccl::legs {
+
+// The dtype a tensor crosses hosts in: fp16/bf16 accumulate in float; integer types gloo does
+// not reduce go as a wider integer (wrap-around sums and products truncate back exactly).
+inline at::ScalarType acrossDtype(at::ScalarType t) {
+  switch (t) {
+    case at::kHalf:
+    case at::kBFloat16: return at::kFloat;
+    case at::kShort:
+    case at::kUInt16: return at::kInt;
+    case at::kUInt32: return at::kLong;
+    default: return t;
+  }
+}
+
+}  // namespace hoccl::legs

@@ -1,0 +1,164 @@
+#include "backend/multihost/multihost_group.h"
+
+#include <sstream>
+
+namespace hoccl {
+
+MultiHostGroup::MultiHostGroup(int rank, int size, std::chrono::milliseconds timeout, HostTable hosts,
+                               InterHostGroups groups, int64_t leaderMaxBytes)
+    : c10d::Backend(rank, size),
+      layout_(std::move(hosts)),
+      groups_(std::move(groups)),
+      host_(layout_.hostOf(rank)),
+      localRank_(layout_.localIndex[rank]),
+      myRail_(layout_.railRanks[localRank_]),
+      leaderMaxBytes_(leaderMaxBytes),
+      timeout_(timeout) {
+  TORCH_CHECK(groups_.local && groups_.rail && groups_.global && groups_.p2p,
+              "hoccl process group creation on rank ", rank, ": a multi-host group needs its local, rail, global "
+              "and p2p groups");
+  TORCH_CHECK(groups_.local->getSize() == layout_.localSize(host_) && groups_.rail->getSize() == (int)myRail_.size() &&
+                  groups_.global->getSize() == size && groups_.p2p->getSize() == size,
+              "hoccl process group creation on rank ", rank, ": the groups handed in do not match the host table");
+  for (int r = 0; r < size; ++r) allRanks_.push_back(r);
+  worker_ = std::thread([this] { workerLoop(); });
+}
+
+MultiHostGroup::~MultiHostGroup() { shutdown(); }
+
+void MultiHostGroup::shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+  groups_.local->shutdown();
+}
+
+void MultiHostGroup::abort() {
+  {
+    std::lock_guard<std::mutex> lock(stateMutex_);
+    if (broken_.empty()) broken_ = "hoccl: rank " + std::to_string(rank_) + " called abort()";
+  }
+  for (auto* g : {groups_.rail.get(), groups_.global.get(), groups_.p2p.get()}) g->abort();
+  groups_.local->abortWith("hoccl: rank " + std::to_string(rank_) + " called abort()");
+  shutdown();
+}
+
+void MultiHostGroup::setTimeout(std::chrono::milliseconds timeout) {
+  timeout_ = timeout;
+  groups_.local->setTimeout(timeout);
+  for (auto* g : {groups_.rail.get(), groups_.global.get(), groups_.p2p.get()}) g->setTimeout(timeout);
+}
+
+std::string MultiHostGroup::lastAlgorithm() const {
+  std::lock_guard<std::mutex> lock(stateMutex_);
+  return lastAlgo_;
+}
+
+void MultiHostGroup::setAlgorithm(const char* name) {
+  std::lock_guard<std::mutex> lock(stateMutex_);
+  lastAlgo_ = name;
+}
+
+c10::intrusive_ptr<c10d::Work> MultiHostGroup::enqueue(c10d::OpType type, std::vector<at::Tensor> outputs,
+                                                       Body body) {
+  auto work = c10::make_intrusive<WorkHOCCL>(rank_, type, std::move(outputs));
+  issued_.fetch_add(1);
+  std::lock_guard<std::mutex> lock(mutex_);
+  TORCH_CHECK(!stopping_, "hoccl: rank ", rank_, ": the process group was shut down");
+  if (coalescing_) coalesced_.push_back(work);
+  queue_.emplace_back(work, std::move(body));
+  cv_.notify_one();
+  return work;
+}
+
+void MultiHostGroup::workerLoop() {
+  while (true) {
+    std::pair<c10::intrusive_ptr<WorkHOCCL>, Body> task;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    try {
+      task.second();
+      task.first->complete(nullptr);
+    } catch (...) {
+      task.first->complete(std::current_exception());
+    }
+  }
+}
+
+void MultiHostGroup::startCoalescing() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  coalescing_ = true;
+  coalesced_.clear();
+}
+
+c10::intrusive_ptr<c10d::Work> MultiHostGroup::endCoalescing() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  coalescing_ = false;
+  auto works = std::move(coalesced_);
+  coalesced_.clear();
+  return c10::make_intrusive<WorkGroupHOCCL>(rank_, std::move(works));
+}
+
+void MultiHostGroup::checkUsable(const char* op) const {
+  std::lock_guard<std::mutex> lock(stateMutex_);
+  TORCH_CHECK(broken_.empty(), "hoccl ", op, " on rank ", rank_, ": the group is broken: ", broken_);
+}
+
+void MultiHostGroup::local(const char* op,
+                           const std::function<c10::intrusive_ptr<c10d::Work>(ProcessGroupHOCCL&)>& leg) {
+  checkUsable(op);
+  leg(*groups_.local)->wait();
+}
+
+void MultiHostGroup::across(const char* op, c10d::Backend& group, const std::vector<int>& members,
+                            const std::function<c10::intrusive_ptr<c10d::Work>(c10d::Backend&)>& leg) {
+  checkUsable(op);
+  if (group.getSize() == 1) return;
+  try {
+    leg(group)->wait();
+  } catch (const std::exception& e) {
+    interHostFailed(op, members, e);
+  }
+}
+
+// gloo reports a dead peer as an I/O error naming its address, a cut link as a timeout: find
+// the host behind the address, else name every other host of the leg.
+void MultiHostGroup::interHostFailed(const char* op, const std::vector<int>& members, const std::exception& e) {
+  std::string what = e.what();
+  std::string first = what.substr(0, what.find('\n'));
+  std::vector<int> suspects;
+  for (int r : members) {
+    int h = layout_.hostOf(r);
+    const std::string& addr = groups_.addressOf[r];
+    bool named = h != host_ && !addr.empty() && what.find("[" + addr + "]") != std::string::npos;
+    if (named && std::find(suspects.begin(), suspects.end(), h) == suspects.end()) suspects.push_back(h);
+  }
+  bool byAddress = !suspects.empty();
+  if (!byAddress)
+    for (int r : members) {
+      int h = layout_.hostOf(r);
+      if (h != host_ && std::find(suspects.begin(), suspects.end(), h) == suspects.end()) suspects.push_back(h);
+    }
+  std::ostringstream msg;
+  msg << "hoccl " << op << " on rank " << rank_ << " (" << layout_.describeHost(host_) << "): "
+      << (byAddress ? "lost the connection to " : "no answer within the timeout from ");
+  for (size_t i = 0; i < suspects.size(); ++i) msg << (i ? " or " : "") << layout_.describeHost(suspects[i]);
+  msg << " on the inter-host leg (gloo: " << first << ")";
+  {
+    std::lock_guard<std::mutex> lock(stateMutex_);
+    if (broken_.empty()) broken_ = msg.str();
+  }
+  groups_.local->abortWith(msg.str());
+  TORCH_CHECK_WITH(DistBackendError, false, msg.str());
+}
+
+}  // namespace hoccl

@@ -1,0 +1,144 @@
+// The hoccl backend of a group whose ranks sit on more than one host. Every collective is
+// composed of legs: inside a host on an ordinary (single-host) hoccl group over the host's ranks,
+// across hosts on torch's ProcessGroupGloo groups that the Python creator made and this object
+// owns: one per rail (the ranks with the same local index on each host; rail 0 is the host
+// leaders), one over every rank for collectives without a hierarchical form, one for send/recv.
+// Legs run in issue order on one worker thread, so every gloo group sees its ops in the same
+// order on every member. The algorithms and their choice rule are in docs/multihost.md.
+#pragma once
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "backend/multihost/host_layout.h"
+#include "backend/process_group.h"
+#include "backend/work.h"
+#include "exec/reduce_kernels.h"
+
+namespace hoccl {
+
+struct InterHostGroups {
+  c10::intrusive_ptr<ProcessGroupHOCCL> local;  // this host's ranks (shared memory)
+  c10::intrusive_ptr<c10d::Backend> rail;       // this rank's rail (gloo)
+  c10::intrusive_ptr<c10d::Backend> global;     // every rank (gloo)
+  c10::intrusive_ptr<c10d::Backend> p2p;        // every rank, send/recv only (gloo)
+  std::vector<std::string> addressOf;           // per rank: the address its gloo groups use
+};
+
+class MultiHostGroup : public c10d::Backend {
+ public:
+  MultiHostGroup(int rank, int size, std::chrono::milliseconds timeout, HostTable hosts,
+                 InterHostGroups groups, int64_t leaderMaxBytes);
+  ~MultiHostGroup() override;
+
+  const std::string getBackendName() const override { return "hoccl"; }
+  bool supportsCoalescing() const override { return true; }
+  void setTimeout(std::chrono::milliseconds timeout) override;
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+  void shutdown() override;
+  void abort() override;
+  void setSequenceNumberForGroup() override {}
+  uint64_t getSequenceNumberForGroup() override { return issued_; }
+  std::string lastAlgorithm() const;
+  const HostLayout& layout() const { return layout_; }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& outputLists, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& outputSplits,
+                                               std::vector<int64_t>& inputSplits,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
+                                          std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) override;
+
+ private:
+  using Body = std::function<void()>;
+  c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, std::vector<at::Tensor> outputs, Body body);
+  void workerLoop();
+  void setAlgorithm(const char* name);
+
+  // Legs. Each waits for its work; an inter-host failure becomes hoccl's error naming the lost
+  // host, and breaks the group on this host too so that no local peer waits out the timeout.
+  void local(const char* op, const std::function<c10::intrusive_ptr<c10d::Work>(ProcessGroupHOCCL&)>& leg);
+  void across(const char* op, c10d::Backend& group, const std::vector<int>& members,
+              const std::function<c10::intrusive_ptr<c10d::Work>(c10d::Backend&)>& leg);
+  [[noreturn]] void interHostFailed(const char* op, const std::vector<int>& members, const std::exception& e);
+  void checkUsable(const char* op) const;
+
+  // Algorithms (worker thread). `flat` tensors are contiguous and one-dimensional.
+  void allreduceFlat(const char* op, const at::Tensor& flat, RedOp redOp, double factor);
+  void allreduceRails(const char* op, const at::Tensor& flat, RedOp redOp, double factor);
+  void allreduceLeaders(const char* op, const at::Tensor& flat, RedOp redOp, double factor);
+  void railAllreduce(const char* op, const at::Tensor& t, RedOp redOp, double factor);  // the rail leg, scaled
+  void broadcastFlat(const char* op, const at::Tensor& bytes, int root);
+  void allgatherFlat(const char* op, const at::Tensor& inBytes, const std::vector<at::Tensor>& outBytes);
+  void reduceScatterFlat(const char* op, const std::vector<at::Tensor>& inputs, const at::Tensor& out,
+                         RedOp redOp, double factor);
+  void alltoallBytes(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs, const char* op);
+  void finishReduction(const at::Tensor& t, RedOp op, double factor) const;
+
+  HostLayout layout_;
+  InterHostGroups groups_;
+  int host_, localRank_;
+  std::vector<int> myRail_;     // ranks of this rank's rail
+  std::vector<int> allRanks_;
+  int64_t leaderMaxBytes_;
+  std::chrono::milliseconds timeout_;
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::pair<c10::intrusive_ptr<WorkHOCCL>, Body>> queue_;
+  bool stopping_ = false;
+  bool coalescing_ = false;
+  std::vector<c10::intrusive_ptr<c10d::Work>> coalesced_;
+  std::atomic<uint64_t> issued_{0};
+  mutable std::mutex stateMutex_;
+  std::string broken_;  // the first inter-host failure; later ops fail with it at once
+  std::string lastAlgo_;
+  std::thread worker_;
+};
+
+}  // namespace hoccl
