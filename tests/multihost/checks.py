@@ -1,0 +1,171 @@
+"""Collective checks run inside the ranks of a multi-host job, on any c10d Backend object (the
+hoccl backend of the default group, or one built over a permuted placement). Every rank builds
+every rank's input from known seeds (collective_checks.make_input), so each expected result is
+computed locally with plain torch ops; a mismatch raises naming the op, dtype and size."""
+from __future__ import annotations
+
+import zlib
+
+import torch
+import torch.distributed as dist
+
+from collective_checks import (ALL_DTYPES, SIZES, all_to_all_reference, assert_close, make_input,
+                               ops_for, redop, reference_reduce)
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int16, torch.uint8,
+          torch.bool]
+assert set(DTYPES) <= set(ALL_DTYPES)
+
+
+def _opts(cls, **fields):
+    o = cls()
+    for k, v in fields.items():
+        setattr(o, k, v)
+    return o
+
+
+def check_reductions(pg, rank: int, world: int) -> int:
+    done = 0
+    for dtype in DTYPES:
+        for numel in SIZES:
+            for op in ops_for(dtype):
+                case = zlib.crc32(repr((dtype, numel, op)).encode()) % 100000  # same on every rank
+                small = op == "product"
+                inputs = [make_input(r, case, numel, dtype, small) for r in range(world)]
+                what = f"all_reduce {op} {dtype} x{numel} on rank {rank}"
+                t = inputs[rank].clone()
+                pg.allreduce([t], _opts(dist.AllreduceOptions, reduceOp=redop(op))).wait()
+                assert_close(t, reference_reduce(inputs, op, world), what)
+                done += 1
+        numel = 1001
+        blocks = [[make_input(r, 31 * d + 1, numel, dtype) for d in range(world)] for r in range(world)]
+        expected = reference_reduce([blocks[r][rank] for r in range(world)], "sum", world)
+        out = torch.empty(numel, dtype=dtype)
+        pg.reduce_scatter([out], [blocks[rank]], _opts(dist.ReduceScatterOptions, reduceOp=redop("sum"))).wait()
+        assert_close(out, expected, f"reduce_scatter sum {dtype} x{numel} on rank {rank}")
+        flat = torch.cat(blocks[rank])
+        out2 = torch.empty(numel, dtype=dtype)
+        pg._reduce_scatter_base(out2, flat, _opts(dist.ReduceScatterOptions, reduceOp=redop("sum"))).wait()
+        assert_close(out2, expected, f"reduce_scatter_tensor {dtype} x{numel} on rank {rank}")
+        done += 2
+    for numel in (0, 7, 70_001):
+        blocks = [[make_input(r, 7 * d + numel, numel, torch.float32) for d in range(world)]
+                  for r in range(world)]
+        for op in ("avg", "max", "premul"):
+            expected = reference_reduce([blocks[r][rank] for r in range(world)], op, world)
+            out = torch.empty(numel)
+            pg._reduce_scatter_base(out, torch.cat(blocks[rank]),
+                                    _opts(dist.ReduceScatterOptions, reduceOp=redop(op))).wait()
+            assert_close(out, expected, f"reduce_scatter_tensor {op} x{numel} on rank {rank}")
+            done += 1
+    for root in sorted({0, world - 1, world // 2}):
+        inputs = [make_input(r, 77 + root, 70_001, torch.float32) for r in range(world)]
+        t = inputs[rank].clone()
+        pg.reduce([t], _opts(dist.ReduceOptions, reduceOp=redop("sum"), rootRank=root)).wait()
+        if rank == root:
+            assert_close(t, reference_reduce(inputs, "sum", world), f"reduce to {root} on rank {rank}")
+        done += 1
+    return done
+
+
+def check_data_movement(pg, rank: int, world: int) -> int:
+    done = 0
+    for dtype in (torch.float32, torch.bfloat16, torch.int16, torch.bool):
+        for numel in SIZES:
+            inputs = [make_input(r, numel + 3, numel, dtype) for r in range(world)]
+            outs = [torch.empty(numel, dtype=dtype) for _ in range(world)]
+            pg.allgather([outs], [inputs[rank]]).wait()
+            for r in range(world):
+                assert_close(outs[r], inputs[r], f"all_gather {dtype} x{numel} block {r} on rank {rank}")
+            out = torch.empty(world * numel, dtype=dtype)
+            pg._allgather_base(out, inputs[rank]).wait()
+            assert_close(out, torch.cat(inputs), f"all_gather_into_tensor {dtype} x{numel} on rank {rank}")
+            for root in sorted({0, world - 1}):
+                t = inputs[rank].clone()
+                pg.broadcast([t], _opts(dist.BroadcastOptions, rootRank=root)).wait()
+                assert_close(t, inputs[root], f"broadcast from {root} {dtype} x{numel} on rank {rank}")
+            done += 4
+    root = world - 1
+    inputs = [make_input(r, 5, 1001, torch.int64) for r in range(world)]
+    gathered = [torch.empty(1001, dtype=torch.int64) for _ in range(world)] if rank == root else []
+    pg.gather([gathered] if rank == root else [], [inputs[rank]], _opts(dist.GatherOptions, rootRank=root)).wait()
+    if rank == root:
+        for r in range(world):
+            assert_close(gathered[r], inputs[r], f"gather block {r} on rank {rank}")
+    pieces = [make_input(d, 9, 1001, torch.float32) for d in range(world)]
+    out = torch.empty(1001)
+    pg.scatter([out], [pieces] if rank == root else [], _opts(dist.ScatterOptions, rootRank=root)).wait()
+    assert_close(out, pieces[rank], f"scatter on rank {rank}")
+    pg.barrier(dist.BarrierOptions()).wait()
+    return done + 3
+
+
+def _split_matrix(world: int, kind: str) -> torch.Tensor:
+    g = torch.Generator().manual_seed(zlib.crc32(kind.encode()))
+    if kind == "equal":
+        return torch.full((world, world), 3, dtype=torch.int64)
+    if kind == "zero":
+        return torch.zeros((world, world), dtype=torch.int64)
+    if kind == "skewed":  # one hot destination receives most rows, some pairs send nothing
+        m = torch.randint(0, 3, (world, world), generator=g)
+        m[:, world - 1] += 5000
+        return m
+    return torch.randint(0, 40, (world, world), generator=g)  # uneven
+
+
+def check_all_to_all(pg, rank: int, world: int) -> int:
+    done = 0
+    for kind in ("equal", "zero", "uneven", "skewed"):
+        splits = _split_matrix(world, kind)
+        for dtype in (torch.float32, torch.int16):
+            inputs = [make_input(r, 11, int(splits[r].sum()) * 3, dtype).view(-1, 3) for r in range(world)]
+            expected = all_to_all_reference(inputs, splits, rank)
+            out = torch.empty(int(splits[:, rank].sum()), 3, dtype=dtype)
+            pg.alltoall_base(out, inputs[rank], splits[:, rank].tolist(), splits[rank].tolist(),
+                             dist.AllToAllOptions()).wait()
+            assert_close(out, expected, f"all_to_all_single {kind} {dtype} on rank {rank}")
+            done += 1
+        ins = list(inputs[rank].split(splits[rank].tolist()))
+        outs = [torch.empty(int(splits[s, rank]), 3, dtype=torch.int16) for s in range(world)]
+        pg.alltoall(outs, ins, dist.AllToAllOptions()).wait()
+        assert_close(torch.cat(outs), expected, f"all_to_all {kind} on rank {rank}")
+        done += 1
+    return done
+
+
+def check_send_recv(pg, rank: int, world: int) -> int:
+    """Every pair exchanges in both directions; receives are posted before the sends on even
+    ranks and after them on odd ranks; then a ring with recv from any source."""
+    works, received = [], {}
+    def payload(src, dst):
+        return make_input(src, 1000 + dst, 70_001, torch.float32)
+    peers = [p for p in range(world) if p != rank]
+    recvs = [(p, torch.empty(70_001)) for p in peers]
+    sends = [(p, payload(rank, p)) for p in peers]
+    if rank % 2 == 0:
+        works += [pg.recv([t], p, 7) for p, t in recvs] + [pg.send([t], p, 7) for p, t in sends]
+    else:
+        works += [pg.send([t], p, 7) for p, t in sends] + [pg.recv([t], p, 7) for p, t in recvs]
+    for w in works:
+        w.wait()
+    for p, t in recvs:
+        assert_close(t, payload(p, rank), f"recv from {p} on rank {rank}")
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    send = pg.send([torch.full((5,), float(rank))], nxt, 9)
+    got = torch.empty(5)
+    w = pg.recv_anysource([got], 9)
+    w.wait()
+    send.wait()
+    assert w._source_rank() == prv and torch.equal(got, torch.full((5,), float(prv))), \
+        f"any-source recv on rank {rank}: from {w._source_rank()} {got.tolist()}"
+    return len(works) + 1
+
+
+def every_op(pg, rank: int, world: int) -> dict:
+    counts = {
+        "reductions": check_reductions(pg, rank, world),
+        "data_movement": check_data_movement(pg, rank, world),
+        "all_to_all": check_all_to_all(pg, rank, world),
+        "send_recv": check_send_recv(pg, rank, world),
+    }
+    return counts

@@ -1,0 +1,172 @@
+"""hoccl groups spanning hosts: every op on real namespaced hosts (multihost.hosts), checked
+against independent references; training across hosts against gloo; faults.
+
+Layouts: 2x2, three hosts with 2, 1 and 2 ranks, two hosts of one rank, and an interleaved
+placement (group ranks 0 and 2 on one host, 1 and 3 on the other: a group built over a
+permutation of the job's ranks)."""
+import os
+import time
+
+import pytest
+
+from multihost.hosts import Hosts, leftovers
+
+SLOTS = {"HOCCL_SHM_SLOT_BYTES": "64K"}  # staging slots the large sizes overflow
+
+
+def every_op_default_group(rank, world):
+    import torch
+    import torch.distributed as dist
+
+    from multihost.checks import every_op
+
+    pg = dist.group.WORLD._get_backend(torch.device("cpu"))
+    counts = every_op(pg, rank, world)
+    counts["algorithm"] = pg.last_algorithm()
+    counts["hosts"] = pg.hosts()
+    return counts
+
+
+def every_op_interleaved(rank, world):
+    """A second hoccl group over the same ranks with group rank = (rank % 2) * 2 + rank // 2 on
+    2x2, so group ranks 0 and 2 sit on host 0 and 1 and 3 on host 1."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from hoccl_backend._registration import _create
+    from multihost.checks import every_op
+
+    half = world // 2
+    group_rank = (rank % half) * 2 + rank // half
+    store = dist.PrefixStore("interleaved", dist.distributed_c10d._get_default_store())
+    pg = _create(store, group_rank, world, timedelta(seconds=60))
+    counts = every_op(pg, group_rank, world)
+    counts["hosts"] = pg.hosts()
+    pg.shutdown()
+    return group_rank, counts
+
+
+def _check_clean(hosts):
+    if hosts.isolated:
+        for h in range(hosts.count):
+            assert hosts.shm_files(h) == [], f"host {h} kept {hosts.shm_files(h)}"
+
+
+@pytest.mark.parametrize("ranks", [[2, 2], [2, 1, 2], [1, 1]], ids=["2x2", "3hosts-2-1-2", "2x1"])
+def test_every_op_across_hosts(ranks):
+    with Hosts(count=len(ranks), ranks=ranks) as hosts:
+        results = hosts.run_ranks(every_op_default_group, backend="hoccl", pg_timeout=60, env=SLOTS,
+                                  timeout=400)
+        expected_hosts = [list(hosts.ranks_of(h)) for h in range(hosts.count)]
+        for rank, counts in enumerate(results):
+            assert counts["hosts"] == expected_hosts, f"rank {rank}: {counts['hosts']}"
+            assert counts["reductions"] > 100 and counts["send_recv"] == 2 * (hosts.world - 1) + 1
+        print(f"{hosts.describe()}: every op checked on {hosts.world} ranks: {results[0]}")
+        _check_clean(hosts)
+        run_id = hosts.run_id
+    assert leftovers(run_id) == []
+
+
+def test_every_op_interleaved_placement():
+    with Hosts(count=2, ranks=[2, 2]) as hosts:
+        results = hosts.run_ranks(every_op_interleaved, backend="hoccl", pg_timeout=60, env=SLOTS,
+                                  timeout=400)
+        for rank, (group_rank, counts) in enumerate(results):
+            assert counts["hosts"] == [[0, 2], [1, 3]], f"rank {rank}: {counts['hosts']}"
+        print(f"{hosts.describe()}: interleaved placement, every op checked")
+        _check_clean(hosts)
+
+
+def test_ddp_and_fsdp2_across_hosts_match_gloo():
+    import torch
+
+    from test_training import _compare, _model, train_ddp, train_fsdp2
+
+    with Hosts(count=2, ranks=[2, 2]) as hosts:
+        for train in (train_ddp, train_fsdp2):
+            hoccl = hosts.run_ranks(train, backend="hoccl", pg_timeout=60, timeout=300)
+            gloo = hosts.run_ranks(train, backend="gloo", pg_timeout=60, timeout=300)
+            for rank in range(hosts.world):
+                _compare(hoccl[rank], hoccl[0])
+            _compare(hoccl[0], gloo[0])
+            assert any(not torch.equal(p, q) for p, q in zip(hoccl[0], _model().parameters()))
+        _check_clean(hosts)
+
+
+def test_moe_example_with_topoep_across_hosts():
+    with Hosts(count=2, ranks=[2, 2]) as hosts:
+        example = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                               "examples", "moe_train.py")
+        job = hosts.start_script([example, "--topoep", "--steps", "3"])
+        job.wait(timeout=300)
+        logs = "\n".join(job.log(h) for h in range(hosts.count))
+        assert "Traceback" not in logs, logs[-3000:]
+        _check_clean(hosts)
+
+
+def all_reduce_until_failure(rank, world, started_dir):
+    import torch
+    import torch.distributed as dist
+
+    dist.barrier()
+    with open(os.path.join(started_dir, f"rank{rank}"), "w") as f:
+        f.write(str(os.getpid()))
+    t = torch.ones(1 << 18)
+    started = time.monotonic()
+    while time.monotonic() - started < 300:
+        try:
+            dist.all_reduce(t)
+            t.fill_(1.0)
+        except Exception as e:  # noqa: BLE001 - what the survivor saw is the result
+            return ("raised", str(e), time.monotonic())
+    return ("no error", "", time.monotonic())
+
+
+def _wait_started(folder, count, timeout=120.0):
+    deadline = time.monotonic() + timeout
+    while len([f for f in os.listdir(folder) if f.startswith("rank")]) < count:
+        assert time.monotonic() < deadline, f"only {os.listdir(folder)} started"
+        time.sleep(0.1)
+
+
+def test_killed_host_is_named_by_every_survivor(tmp_path):
+    pg_timeout = 20
+    with Hosts(count=2, ranks=[2, 2]) as hosts:
+        job = hosts.start(all_reduce_until_failure, str(tmp_path), backend="hoccl", pg_timeout=pg_timeout)
+        _wait_started(tmp_path, hosts.world)
+        time.sleep(1.0)  # well inside the loop of all_reduces
+        killed = time.monotonic()
+        hosts.kill_host(1)
+        results = job.wait(timeout=pg_timeout + 60, expect_errors=True)
+        for rank in hosts.ranks_of(0):
+            kind, message, when = results[rank]
+            assert kind == "raised", f"rank {rank}: {results[rank]}"
+            assert "ranks 2, 3" in message and hosts.names[1] in message, f"rank {rank}: {message}"
+            assert when - killed < pg_timeout + 5, f"rank {rank} raised {when - killed:.1f}s after the kill"
+        assert all(results[r][0] == "missing" for r in hosts.ranks_of(1))
+        print(f"survivors named the lost host: {results[0][1].splitlines()[0]}")
+        _check_clean(hosts)
+
+
+def test_cut_link_raises_within_the_timeout(tmp_path):
+    pg_timeout = 10
+    with Hosts(count=2, ranks=[1, 1]) as hosts:
+        if not hosts.isolated:
+            print(f"process-group hosts have no link to cut; {hosts.describe()}")
+            return
+        job = hosts.start(all_reduce_until_failure, str(tmp_path), backend="hoccl", pg_timeout=pg_timeout)
+        _wait_started(tmp_path, hosts.world)
+        time.sleep(1.0)
+        cut = time.monotonic()
+        hosts.cut_link(1)
+        results = job.wait(timeout=pg_timeout + 60, expect_errors=True)
+        for rank in range(hosts.world):
+            kind, message, when = results[rank]
+            assert kind == "raised", f"rank {rank}: {results[rank]}"
+            other = hosts.names[1 - hosts.host_of(rank)]
+            assert other in message and "inter-host" in message, f"rank {rank}: {message}"
+            assert when - cut < pg_timeout + 5, f"rank {rank} raised {when - cut:.1f}s after the cut"
+        print(f"cut link: {results[0][1].splitlines()[0]}")
+        hosts.restore_link(1)
+        _check_clean(hosts)
