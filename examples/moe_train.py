@@ -59,7 +59,8 @@ def main():
     ap.add_argument("--d-model", type=int, default=128)
     ap.add_argument("--d-ff", type=int, default=512)
     ap.add_argument("--slots", type=int, default=2, help="replica slots per rank")
-    ap.add_argument("--hosts", type=int, default=1, help="hosts in the (simulated) topology")
+    ap.add_argument("--hosts", type=int, default=None,
+                    help="hosts in the topology (default: the group's hosts on hoccl, else 1)")
     ap.add_argument("--skew", type=float, default=2.0, help="router bias towards hot experts")
     ap.add_argument("--hot-experts", type=int, default=None,
                     help="experts the router is biased towards (default experts // 8); the "
@@ -108,7 +109,7 @@ def main():
     if rank == 0:
         print(f"backend={args.backend} world={world} experts={args.experts} top_k={args.top_k} "
               f"tokens/rank={args.tokens} topoep={'on' if args.topoep else 'off'} "
-              f"mode={args.mode} slots={args.slots}", flush=True)
+              f"mode={args.mode} slots={args.slots} hosts={layer.hosts}", flush=True)
     for step in range(args.steps):
         x = torch.randn(args.tokens, d_in, generator=gen) + 1.0
         y = torch.tanh(x @ target_w / d_in ** 0.5)

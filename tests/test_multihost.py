@@ -102,6 +102,7 @@ def test_moe_example_with_topoep_across_hosts():
         job.wait(timeout=300)
         logs = "\n".join(job.log(h) for h in range(hosts.count))
         assert "Traceback" not in logs, logs[-3000:]
+        assert "hosts=2" in logs and "summary:" in logs, logs[-3000:]  # TopoEP read the group's hosts
         _check_clean(hosts)
 
 

@@ -22,6 +22,7 @@ into the owner's parameters).
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Callable
 
 import torch
@@ -163,6 +164,26 @@ def home_plan(counts: torch.Tensor, placement: torch.Tensor, hosts: int,
                       gpus_per_host=gpus_per_host)
 
 
+def group_hosts(group=None) -> int:
+    """How many hosts a group's ranks sit on, from a hoccl group's host table: hosts x ranks per
+    host when every host holds the same number of consecutive ranks (the layout TopoEP plans
+    for), else 1 (flat) with a warning; 1 for groups of other backends."""
+    pg = group or dist.distributed_c10d._get_default_group()
+    try:
+        backend = pg._get_backend(torch.device("cpu"))
+    except (RuntimeError, ValueError):
+        return 1
+    if not hasattr(backend, "hosts"):
+        return 1
+    ranks_of = backend.hosts()
+    width = len(ranks_of[0])
+    if all(r == list(range(h * width, (h + 1) * width)) for h, r in enumerate(ranks_of)):
+        return len(ranks_of)
+    warnings.warn(f"topoep: the group's hosts hold ranks {ranks_of}, not equal consecutive blocks; "
+                  "planning as one host (pass hosts= to override)", stacklevel=3)
+    return 1
+
+
 class TopoEPMoE(ReplacementMixin, nn.Module):
     """Expert-parallel execution of a standard MoE layer with TopoEP balancing.
 
@@ -176,7 +197,8 @@ class TopoEPMoE(ReplacementMixin, nn.Module):
     (``rebalance``) only permutes rows. Plans (``last_plan``) are in row ids.
 
     Args:
-      hosts: number of hosts in the topology (world = hosts x gpus_per_host).
+      hosts: number of hosts in the topology (world = hosts x gpus_per_host); default: the
+        group's own hosts on hoccl (``group_hosts``), 1 otherwise.
       slots_per_gpu: replica slots per rank (>= 1), or give ``budget_bytes`` (bytes of expert
         weights per rank for replicas; must hold at least one expert).
       mode: ``"exact"`` or ``"padded"`` (then ``capacity``: rows per peer per layer, default
@@ -188,7 +210,7 @@ class TopoEPMoE(ReplacementMixin, nn.Module):
         after each of its steps, moving its state with the rows (see ``bind_optimizer``).
     """
 
-    def __init__(self, moe: nn.Module, group=None, hosts: int = 1, slots_per_gpu: int | None = None,
+    def __init__(self, moe: nn.Module, group=None, hosts: int | None = None, slots_per_gpu: int | None = None,
                  budget_bytes: int | None = None, mode: str = "exact", capacity: int | None = None,
                  placement: torch.Tensor | None = None, balance: bool = True,
                  min_piece: int = 1, replacement: ReplacementPolicy | None = None,
@@ -201,6 +223,8 @@ class TopoEPMoE(ReplacementMixin, nn.Module):
         self.group = group
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
+        if hosts is None:
+            hosts = group_hosts(group)
         if self.world % hosts:
             raise ValueError(f"topoep: world size {self.world} is not divisible by hosts={hosts}")
         self.hosts, self.gpus_per_host = hosts, self.world // hosts
