@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from multihost.hosts import Hosts, leftovers
+from multihost.hosts import Hosts, leftovers, wait_for_files
 
 SLOTS = {"HOCCL_SHM_SLOT_BYTES": "64K"}  # staging slots the large sizes overflow
 
@@ -124,18 +124,11 @@ def all_reduce_until_failure(rank, world, started_dir):
     return ("no error", "", time.monotonic())
 
 
-def _wait_started(folder, count, timeout=120.0):
-    deadline = time.monotonic() + timeout
-    while len([f for f in os.listdir(folder) if f.startswith("rank")]) < count:
-        assert time.monotonic() < deadline, f"only {os.listdir(folder)} started"
-        time.sleep(0.1)
-
-
 def test_killed_host_is_named_by_every_survivor(tmp_path):
     pg_timeout = 20
     with Hosts(count=2, ranks=[2, 2]) as hosts:
         job = hosts.start(all_reduce_until_failure, str(tmp_path), backend="hoccl", pg_timeout=pg_timeout)
-        _wait_started(tmp_path, hosts.world)
+        wait_for_files(tmp_path, hosts.world, timeout=120)
         time.sleep(1.0)  # well inside the loop of all_reduces
         killed = time.monotonic()
         hosts.kill_host(1)
@@ -157,7 +150,7 @@ def test_cut_link_raises_within_the_timeout(tmp_path):
             print(f"process-group hosts have no link to cut; {hosts.describe()}")
             return
         job = hosts.start(all_reduce_until_failure, str(tmp_path), backend="hoccl", pg_timeout=pg_timeout)
-        _wait_started(tmp_path, hosts.world)
+        wait_for_files(tmp_path, hosts.world, timeout=120)
         time.sleep(1.0)
         cut = time.monotonic()
         hosts.cut_link(1)

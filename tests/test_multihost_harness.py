@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from multihost.hosts import Hosts, HostsError, leftovers
+from multihost.hosts import Hosts, HostsError, leftovers, wait_for_files
 
 
 def probe(rank, world, marker):
@@ -134,13 +134,6 @@ def sleeper(rank, world, started_dir):
     with open(os.path.join(started_dir, f"rank{rank}"), "w") as f:
         f.write(str(os.getpid()))
     time.sleep(120)
-
-
-def wait_for_files(folder, count, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while len([f for f in os.listdir(folder) if f.startswith("rank")]) < count:
-        assert time.monotonic() < deadline, f"only {os.listdir(folder)} started"
-        time.sleep(0.1)
 
 
 def test_teardown_after_failure_inside_with(tmp_path):

@@ -34,4 +34,12 @@ HocclConfig HocclConfig::fromEnv(int world) {
   return c;
 }
 
+HocclConfig HocclConfig::forGroupCreation(int rank, int world) {
+  try {
+    return fromEnv(world);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument("hoccl process group creation on rank " + std::to_string(rank) + ": " + e.what());
+  }
+}
+
 }  // namespace hoccl

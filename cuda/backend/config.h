@@ -23,6 +23,8 @@ struct HocclConfig {
   int debug = 0;  // 0 off, 1 INFO, 2 TRACE
   AllToAllAlgo alltoall = AllToAllAlgo::Direct;
   static HocclConfig fromEnv(int world);
+  // fromEnv for a group being created: a bad variable fails with an error naming the rank.
+  static HocclConfig forGroupCreation(int rank, int world);
 };
 
 }  // namespace hoccl

@@ -9,23 +9,15 @@
 
 namespace hoccl {
 
-// Until the inter-host leg is in, a group spans one host: say so before any shared memory is
-// touched (ranks on another host could not open this host's segment).
+// This group is the shared-memory one: it spans one host (a group across hosts is a
+// MultiHostGroup, which the Python creator builds over one of these per host). Say so before any
+// shared memory is touched: ranks on another host could not open this host's segment.
 static void checkSingleHost(const HostTable& hosts, int rank) {
   if (hosts.hosts() == 1) return;
   int other = hosts.ranksOf[hosts.hostOf[rank] == 0 ? 1 : 0][0];
   throw std::runtime_error("hoccl: rank " + std::to_string(rank) + " is on host '" + hosts.names[hosts.hostOf[rank]] +
                            "' but rank " + std::to_string(other) + " is on '" + hosts.names[hosts.hostOf[other]] +
-                           "'; this build runs every rank of a group on one host");
-}
-
-// The group's settings; a bad variable fails the group's creation on every rank, naming it.
-static HocclConfig configFor(int rank, int size) {
-  try {
-    return HocclConfig::fromEnv(size);
-  } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument("hoccl process group creation on rank " + std::to_string(rank) + ": " + e.what());
-  }
+                           "'; a ProcessGroupHOCCL spans one host (init_process_group builds groups across hosts)");
 }
 
 ProcessGroupHOCCL::ProcessGroupHOCCL(const c10::intrusive_ptr<c10d::Store>& store, int rank,
@@ -33,7 +25,7 @@ ProcessGroupHOCCL::ProcessGroupHOCCL(const c10::intrusive_ptr<c10d::Store>& stor
     : c10d::Backend(rank, size),
       timeout_(timeout),
       store_(store),
-      config_(configFor(rank, size)),
+      config_(HocclConfig::forGroupCreation(rank, size)),
       hugePages_(config_.hugePageMinBytes) {
   hosts_ = HostTable::exchange(store, rank, size, timeout);
   if (config_.debug >= 1 && rank == 0)

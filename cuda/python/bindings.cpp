@@ -48,12 +48,7 @@ PYBIND11_MODULE(_C, m) {
       "host_table",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout) {
         // A bad variable must fail every rank before any of them waits on the store.
-        try {
-          hoccl::HocclConfig::fromEnv(size);
-        } catch (const std::invalid_argument& e) {
-          throw std::invalid_argument("hoccl process group creation on rank " + std::to_string(rank) + ": " +
-                                      e.what());
-        }
+        hoccl::HocclConfig::forGroupCreation(rank, size);
         auto t = hoccl::HostTable::exchange(store, rank, size, timeout);
         return std::make_pair(t.names, t.hostOf);
       },

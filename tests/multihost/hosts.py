@@ -255,6 +255,15 @@ def leftovers(run_id: str) -> list[str]:
     return found
 
 
+def wait_for_files(folder, count: int, timeout: float = 60.0) -> None:
+    """Waits until `count` ranks have written their `rank*` marker into `folder`."""
+    deadline = time.monotonic() + timeout
+    while len([f for f in os.listdir(folder) if f.startswith("rank")]) < count:
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"only {sorted(os.listdir(folder))} started within {timeout:.0f} s")
+        time.sleep(0.1)
+
+
 def namespaces_unavailable() -> str | None:
     """Why isolated hosts cannot be made here, or None when they probably can."""
     if os.geteuid() != 0:
