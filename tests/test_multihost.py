@@ -53,11 +53,12 @@ def _check_clean(hosts):
             assert hosts.shm_files(h) == [], f"host {h} kept {hosts.shm_files(h)}"
 
 
-@pytest.mark.parametrize("ranks", [[2, 2], [2, 1, 2], [1, 1]], ids=["2x2", "3hosts-2-1-2", "2x1"])
-def test_every_op_across_hosts(ranks):
+@pytest.mark.parametrize("ranks,check", [([2, 2], "1"), ([2, 1, 2], "1"), ([1, 1], "0")],
+                         ids=["2x2", "3hosts-2-1-2", "2x1-unchecked"])
+def test_every_op_across_hosts(ranks, check):
     with Hosts(count=len(ranks), ranks=ranks) as hosts:
-        results = hosts.run_ranks(every_op_default_group, backend="hoccl", pg_timeout=60, env=SLOTS,
-                                  timeout=400)
+        env = dict(SLOTS, HOCCL_CHECK_ACROSS_HOSTS=check)
+        results = hosts.run_ranks(every_op_default_group, backend="hoccl", pg_timeout=60, env=env, timeout=400)
         expected_hosts = [list(hosts.ranks_of(h)) for h in range(hosts.count)]
         for rank, counts in enumerate(results):
             assert counts["hosts"] == expected_hosts, f"rank {rank}: {counts['hosts']}"
@@ -104,6 +105,70 @@ def test_moe_example_with_topoep_across_hosts():
         assert "Traceback" not in logs, logs[-3000:]
         assert "hosts=2" in logs and "summary:" in logs, logs[-3000:]  # TopoEP read the group's hosts
         _check_clean(hosts)
+
+
+def mismatches_across_hosts(rank, world):
+    """Collectives whose arguments differ across hosts, each on a fresh group over every rank;
+    returns per case what this rank raised and how long it took."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    from hoccl_backend._registration import _create
+
+    host, local = int(os.environ["GROUP_RANK"]), int(os.environ["LOCAL_RANK"])
+    send_extra = [0] * world
+    send_extra[world - 1] = 1  # rank 0 sends one row too many to the last rank (another host)
+
+    def a2a(pg):
+        inp = torch.ones(world + (1 if rank == 0 else 0))
+        out = torch.empty(world)
+        splits = [1 + (e if rank == 0 else 0) for e in send_extra]
+        return pg.alltoall_base(out, inp, [1] * world, splits)
+
+    cases = {
+        "all_reduce, size by host": lambda pg: pg.allreduce([torch.ones(1000 + host)]),
+        "all_reduce, one rail differs": lambda pg: pg.allreduce([torch.ones(70000 + (host == 1 and local == 1))]),
+        "all_reduce against broadcast": lambda pg: (pg.allreduce([torch.ones(8)]) if host == 0 else
+                                                     pg.broadcast([torch.ones(8)], dist.BroadcastOptions())),
+        "broadcast, dtype by host": lambda pg: pg.broadcast([torch.ones(64, dtype=torch.float32 if host else
+                                                                         torch.float64)], dist.BroadcastOptions()),
+        "all_to_all_single, splits": a2a,
+    }
+    seen = {}
+    for i, (name, call) in enumerate(cases.items()):
+        store = dist.PrefixStore(f"mismatch{i}", dist.distributed_c10d._get_default_store())
+        pg = _create(store, rank, world, timedelta(seconds=30))
+        started = time.monotonic()
+        try:
+            call(pg).wait()
+            seen[name] = ("no error", time.monotonic() - started)
+        except Exception as e:  # noqa: BLE001 - the message is the result
+            seen[name] = (str(e), time.monotonic() - started)
+        pg.shutdown()
+    t = torch.ones(5)
+    dist.all_reduce(t)  # the default group is untouched
+    seen["default group after"] = (str(t.tolist()), 0.0)
+    return seen
+
+
+def test_mismatch_across_hosts_raises_everywhere():
+    """gloo does not check a leg's sizes (a mismatch ends the receiving process); hoccl checks
+    every op's arguments across hosts first, so each rank raises at once, naming both sides."""
+    with Hosts(count=2, ranks=[2, 2]) as hosts:
+        results = hosts.run_ranks(mismatches_across_hosts, backend="hoccl", pg_timeout=60, timeout=300)
+    for rank, seen in enumerate(results):
+        assert seen.pop("default group after")[0] == str([4.0] * 5)
+        for name, (error, took) in seen.items():
+            assert "disagree across hosts" in error, f"rank {rank}, {name}: {error}"
+            assert took < 10, f"rank {rank}, {name}: raised after {took:.1f} s"
+    assert "rank 0 on host" in results[2]["all_reduce, size by host"][0]
+    assert "1000 Float elements" in results[2]["all_reduce, size by host"][0]
+    assert "different collective (broadcast)" in results[0]["all_reduce against broadcast"][0]
+    assert f"rank 0 sends 8 bytes to rank {hosts.world - 1}, which expects 4" in \
+        results[1]["all_to_all_single, splits"][0]
+    print({name: error for name, (error, _) in results[0].items()})
 
 
 def all_reduce_until_failure(rank, world, started_dir):

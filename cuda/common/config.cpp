@@ -56,6 +56,9 @@ const std::vector<Variable> kTable = {
     {"HOCCL_LEADER_MAX_BYTES", K::Bytes, R::Core, "64K", "",
      "across hosts, all_reduce up to this size goes through one leader per host (latency); larger ones along "
      "every rail (bandwidth)"},
+    {"HOCCL_CHECK_ACROSS_HOSTS", K::Choice, R::Core, "1", "0,1",
+     "across hosts, every collective first checks that its arguments agree on every host (one small gloo "
+     "all_gather on the rail); 0 skips it: a mismatch then ends a process inside gloo"},
     {"HOCCL_CUDA_TRANSPORT", K::Choice, R::Core, "ce", "ce,host",
      "CUDA tensors: ce (copy engines where covered) or host (host staging for every op)"},
     {"HOCCL_CE_PATH", K::Choice, R::Core, "auto", "auto,p2p,host",

@@ -66,7 +66,8 @@ PYBIND11_MODULE(_C, m) {
              return c10::make_intrusive<hoccl::MultiHostGroup>(rank, size, timeout,
                                                                hoccl::HostTable::fromIdentities(identities),
                                                                std::move(groups),
-                                                               hoccl::config::bytes("HOCCL_LEADER_MAX_BYTES"));
+                                                               hoccl::config::bytes("HOCCL_LEADER_MAX_BYTES"),
+                                                               hoccl::config::text("HOCCL_CHECK_ACROSS_HOSTS") == "1");
            }),
            py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("host_names"), py::arg("host_of"),
            py::arg("local"), py::arg("rail"), py::arg("global_group"), py::arg("p2p"), py::arg("address_of"),

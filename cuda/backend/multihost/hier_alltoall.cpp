@@ -32,6 +32,12 @@ std::vector<at::Tensor> byteBlocks(const at::Tensor& t, const std::vector<int64_
 void MultiHostGroup::alltoallBytes(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs,
                                    const char* op) {
   setAlgorithm("multihost_direct");
+  std::vector<int64_t> sendBytes, recvBytes;
+  for (int r = 0; r < size_; ++r) {
+    sendBytes.push_back(ins[r].numel());
+    recvBytes.push_back(outs[r].numel());
+  }
+  agreeOnSplits(op, sendBytes, recvBytes);
   std::vector<int64_t> sendSplits(size_, 0), recvSplits(size_, 0);
   std::vector<at::Tensor> sendParts, localIns, localOuts;
   for (int r = 0; r < size_; ++r) {

@@ -11,6 +11,16 @@ namespace hoccl {
 
 void checkMultiHostTensor(const at::Tensor& t, const char* op, int rank);
 
+namespace {
+
+// A dtype-blind op: members agree on the bytes each rank contributes (all_gather keeps the
+// kind of the list form for the tensor form, which moves the same bytes).
+OpSignature bytesSignature(c10d::OpType kind, const at::Tensor& t, int64_t root = -1) {
+  return {static_cast<int64_t>(kind), -1, static_cast<int64_t>(t.numel() * t.element_size()), root};
+}
+
+}  // namespace
+
 void MultiHostGroup::broadcastFlat(const char* op, const at::Tensor& bytes, int root) {
   if (bytes.numel() == 0) return;
   const int rootHost = layout_.hostOf(root);
@@ -68,6 +78,7 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::broadcast(std::vector<at::Tensor>
   checkRoot(root, size_, "broadcast", rank_);
   Staged s(tensors[0]);
   return enqueue(c10d::OpType::BROADCAST, tensors, [this, s, root] {
+    agreeOnRail("broadcast", bytesSignature(c10d::OpType::BROADCAST, s.work, root));
     setAlgorithm("multihost_leaders");
     broadcastFlat("broadcast", legs::bytesOf(s.work), root);
     s.writeBack();
@@ -90,6 +101,7 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::allgather(std::vector<std::vector
   }
   at::Tensor in = readableWhileWriting(inputs[0], outputs[0]).contiguous();
   return enqueue(c10d::OpType::ALLGATHER, outputs[0], [this, staged, in] {
+    agreeOnRail("all_gather", bytesSignature(c10d::OpType::ALLGATHER, in));
     std::vector<at::Tensor> outs;
     for (const auto& s : staged) outs.push_back(legs::bytesOf(s.work));
     setAlgorithm(layout_.even ? "multihost_rails" : "multihost_leaders");
@@ -109,6 +121,7 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::_allgather_base(at::Tensor& outpu
   Staged s(output);
   at::Tensor in = readableWhileWriting(input, {output}).contiguous();
   return enqueue(c10d::OpType::_ALLGATHER_BASE, {output}, [this, s, in] {
+    agreeOnRail("all_gather_into_tensor", bytesSignature(c10d::OpType::ALLGATHER, in));
     at::Tensor bytes = legs::bytesOf(s.work);
     const int64_t n = legs::bytesOf(in).numel();
     std::vector<at::Tensor> outs;
@@ -162,7 +175,8 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::gather(std::vector<std::vector<at
   }
   at::Tensor in = inputs[0].contiguous().clone();
   return enqueue(c10d::OpType::GATHER, rank_ == root ? outputs[0] : std::vector<at::Tensor>{},
-                 [this, staged, in] {
+                 [this, staged, in, root] {
+                   agreeOnRail("gather", bytesSignature(c10d::OpType::GATHER, in, root));
                    const int64_t n = legs::bytesOf(in).numel();
                    at::Tensor all = at::empty({size_ * n}, in.options().dtype(at::kByte));
                    std::vector<at::Tensor> outs;
@@ -201,6 +215,7 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::scatter(std::vector<at::Tensor>& 
   }
   Staged s(outputs[0]);
   return enqueue(c10d::OpType::SCATTER, outputs, [this, s, packed, root] {
+    agreeOnRail("scatter", bytesSignature(c10d::OpType::SCATTER, s.work, root));
     at::Tensor mine = legs::bytesOf(s.work);
     setAlgorithm("multihost_leaders");
     broadcastFlat("scatter", packed, root);
@@ -211,6 +226,7 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::scatter(std::vector<at::Tensor>& 
 
 c10::intrusive_ptr<c10d::Work> MultiHostGroup::barrier(const c10d::BarrierOptions&) {
   return enqueue(c10d::OpType::BARRIER, {}, [this] {
+    agreeOnRail("barrier", {static_cast<int64_t>(c10d::OpType::BARRIER), -1, 0});
     c10d::BarrierOptions o;
     local("barrier", [&](ProcessGroupHOCCL& g) { return g.barrier(o); });
     if (localRank_ == 0) across("barrier", *groups_.rail, myRail_, [&](c10d::Backend& g) { return g.barrier(o); });

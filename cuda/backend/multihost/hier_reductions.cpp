@@ -18,6 +18,10 @@ void checkHostTensor(const at::Tensor& t, const char* op, int rank) {
   checkTensor(t, op, rank);
 }
 
+OpSignature reductionSignature(c10d::OpType kind, const at::Tensor& t, RedOp op, int64_t root = -1) {
+  return {static_cast<int64_t>(kind), static_cast<int64_t>(t.scalar_type()), t.numel(), root, static_cast<int64_t>(op)};
+}
+
 }  // namespace
 
 void checkMultiHostTensor(const at::Tensor& t, const char* op, int rank) { checkHostTensor(t, op, rank); }
@@ -115,6 +119,7 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::allreduce(std::vector<at::Tensor>
   checkReduceArgs(tensors[0], op, "all_reduce", rank_);
   Staged s(tensors[0]);
   return enqueue(c10d::OpType::ALLREDUCE, tensors, [this, s, op, factor] {
+    agreeOnRail("all_reduce", reductionSignature(c10d::OpType::ALLREDUCE, s.work, op));
     allreduceFlat("all_reduce", reducible(s.work).view(-1), op, factor);
     s.writeBack();
   });
@@ -132,6 +137,7 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::allreduce_coalesced(std::vector<a
   }
   return enqueue(c10d::OpType::ALLREDUCE_COALESCED, tensors, [this, staged, op, factor] {
     for (const auto& s : staged) {
+      agreeOnRail("allreduce_coalesced", reductionSignature(c10d::OpType::ALLREDUCE_COALESCED, s.work, op));
       allreduceFlat("allreduce_coalesced", reducible(s.work).view(-1), op, factor);
       s.writeBack();
     }
@@ -148,7 +154,9 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::reduce(std::vector<at::Tensor>& t
   checkRoot(static_cast<int>(opts.rootRank), size_, "reduce", rank_);
   Staged s(tensors[0]);
   bool root = opts.rootRank == rank_;
-  return enqueue(c10d::OpType::REDUCE, tensors, [this, s, op, factor, root] {
+  const int64_t rootRank = opts.rootRank;
+  return enqueue(c10d::OpType::REDUCE, tensors, [this, s, op, factor, root, rootRank] {
+    agreeOnRail("reduce", reductionSignature(c10d::OpType::REDUCE, s.work, op, rootRank));
     at::Tensor w = root ? s.work : s.work.clone();
     allreduceFlat("reduce", reducible(w).view(-1), op, factor);
     if (root) s.writeBack();
@@ -174,6 +182,7 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::reduce_scatter(std::vector<at::Te
   }
   Staged s(outputs[0]);
   return enqueue(c10d::OpType::REDUCE_SCATTER, outputs, [this, s, blocks, op, factor] {
+    agreeOnRail("reduce_scatter", reductionSignature(c10d::OpType::REDUCE_SCATTER, s.work, op));
     reduceScatterFlat("reduce_scatter", blocks, reducible(s.work).view(-1), op, factor);
     s.writeBack();
   });

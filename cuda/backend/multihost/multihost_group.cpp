@@ -5,7 +5,7 @@
 namespace hoccl {
 
 MultiHostGroup::MultiHostGroup(int rank, int size, std::chrono::milliseconds timeout, HostTable hosts,
-                               InterHostGroups groups, int64_t leaderMaxBytes)
+                               InterHostGroups groups, int64_t leaderMaxBytes, bool checkAcrossHosts)
     : c10d::Backend(rank, size),
       layout_(std::move(hosts)),
       groups_(std::move(groups)),
@@ -13,6 +13,7 @@ MultiHostGroup::MultiHostGroup(int rank, int size, std::chrono::milliseconds tim
       localRank_(layout_.localIndex[rank]),
       myRail_(layout_.railRanks[localRank_]),
       leaderMaxBytes_(leaderMaxBytes),
+      checkAcrossHosts_(checkAcrossHosts),
       timeout_(timeout) {
   TORCH_CHECK(groups_.local && groups_.rail && groups_.global && groups_.p2p,
               "hoccl process group creation on rank ", rank, ": a multi-host group needs its local, rail, global "

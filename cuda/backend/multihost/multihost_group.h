@@ -22,6 +22,18 @@
 
 namespace hoccl {
 
+// What one rank's arguments to a collective say about its cross-host legs; every member of a
+// leg must pass the same. dtype -1: a byte count; root and redOp -1: not part of the op.
+struct OpSignature {
+  int64_t kind;  // c10d::OpType
+  int64_t dtype;
+  int64_t count;
+  int64_t root = -1;
+  int64_t redOp = -1;
+};
+
+const char* collectiveName(int64_t kind);
+
 struct InterHostGroups {
   c10::intrusive_ptr<ProcessGroupHOCCL> local;  // this host's ranks (shared memory)
   c10::intrusive_ptr<c10d::Backend> rail;       // this rank's rail (gloo)
@@ -33,7 +45,7 @@ struct InterHostGroups {
 class MultiHostGroup : public c10d::Backend {
  public:
   MultiHostGroup(int rank, int size, std::chrono::milliseconds timeout, HostTable hosts,
-                 InterHostGroups groups, int64_t leaderMaxBytes);
+                 InterHostGroups groups, int64_t leaderMaxBytes, bool checkAcrossHosts);
   ~MultiHostGroup() override;
 
   const std::string getBackendName() const override { return "hoccl"; }
@@ -108,6 +120,12 @@ class MultiHostGroup : public c10d::Backend {
   [[noreturn]] void interHostFailed(const char* op, const std::vector<int>& members, const std::exception& e);
   void checkUsable(const char* op) const;
 
+  // Cross-host agreement (agreement.cpp): raise on every member of a leg whose arguments differ.
+  void agreeOnRail(const char* op, const OpSignature& mine);
+  // all_to_all: every rank's bytes to and from every rank, over the whole group.
+  void agreeOnSplits(const char* op, const std::vector<int64_t>& sendBytes, const std::vector<int64_t>& recvBytes);
+  [[noreturn]] void mismatchAcrossHosts(const char* op, const std::string& what);
+
   // Algorithms (worker thread). `flat` tensors are contiguous and one-dimensional.
   void allreduceFlat(const char* op, const at::Tensor& flat, RedOp redOp, double factor);
   void allreduceRails(const char* op, const at::Tensor& flat, RedOp redOp, double factor);
@@ -126,6 +144,7 @@ class MultiHostGroup : public c10d::Backend {
   std::vector<int> myRail_;     // ranks of this rank's rail
   std::vector<int> allRanks_;
   int64_t leaderMaxBytes_;
+  bool checkAcrossHosts_;
   std::chrono::milliseconds timeout_;
 
   std::mutex mutex_;

@@ -1,0 +1,104 @@
+// Arguments that must agree across hosts, checked before any byte crosses. Inside a host the
+// local group checks its own legs; across hosts gloo does not check: a leg whose sizes differ
+// between its members ends the receiving process inside gloo (an uncatchable enforce) or leaves
+// part of a buffer unwritten. So every collective first all-gathers a small signature on its
+// rail, and all_to_all all-gathers every rank's split sizes over the whole group (the matrix
+// the transfers follow). A mismatch raises on every rank of the leg naming both sides, and
+// breaks the group on each host so that local peers waiting in a local leg fail at once too.
+// HOCCL_CHECK_ACROSS_HOSTS=0 skips the check (one gloo round trip per op) for jobs known to agree.
+#include <sstream>
+
+#include "backend/multihost/multihost_group.h"
+
+namespace hoccl {
+
+namespace {
+
+std::string describe(const OpSignature& s) {
+  std::ostringstream o;
+  o << s.count << " " << (s.dtype >= 0 ? c10::toString(static_cast<at::ScalarType>(s.dtype)) : "byte")
+    << (s.dtype >= 0 ? " elements" : "s");
+  if (s.root >= 0) o << ", root " << s.root;
+  if (s.redOp >= 0) o << ", " << redOpName(static_cast<RedOp>(s.redOp));
+  return o.str();
+}
+
+std::vector<int64_t> fields(const OpSignature& s) { return {s.kind, s.dtype, s.count, s.root, s.redOp}; }
+
+}  // namespace
+
+void MultiHostGroup::mismatchAcrossHosts(const char* op, const std::string& what) {
+  std::string msg = "hoccl " + std::string(op) + " on rank " + std::to_string(rank_) + " (" +
+                    layout_.describeHost(host_) + "): the ranks disagree across hosts: " + what;
+  {
+    std::lock_guard<std::mutex> lock(stateMutex_);
+    if (broken_.empty()) broken_ = msg;
+  }
+  groups_.local->abortWith(msg);
+  TORCH_CHECK_VALUE(false, msg);
+}
+
+void MultiHostGroup::agreeOnRail(const char* op, const OpSignature& mine) {
+  const int members = static_cast<int>(myRail_.size());
+  if (members == 1 || !checkAcrossHosts_) return;
+  const std::vector<int64_t> own = fields(mine);
+  const int64_t width = static_cast<int64_t>(own.size());
+  at::Tensor in = at::tensor(own, at::kLong);
+  at::Tensor all = at::empty({members * width}, at::kLong);
+  across(op, *groups_.rail, myRail_, [&](c10d::Backend& g) { return g._allgather_base(all, in); });
+  const int64_t* seen = all.data_ptr<int64_t>();
+  for (int m = 0; m < members; ++m) {
+    std::vector<int64_t> theirs(seen + m * width, seen + (m + 1) * width);
+    if (theirs == own) continue;
+    const int peer = myRail_[m];
+    OpSignature other{theirs[0], theirs[1], theirs[2], theirs[3], theirs[4]};
+    std::string what;
+    if (other.kind != mine.kind)
+      what = "rank " + std::to_string(peer) + " on " + layout_.describeHost(layout_.hostOf(peer)) +
+             " runs a different collective (" + collectiveName(other.kind) + ")";
+    else
+      what = "rank " + std::to_string(peer) + " on " + layout_.describeHost(layout_.hostOf(peer)) + " passes " +
+             describe(other) + ", this rank " + describe(mine);
+    mismatchAcrossHosts(op, what);
+  }
+}
+
+void MultiHostGroup::agreeOnSplits(const char* op, const std::vector<int64_t>& sendBytes,
+                                   const std::vector<int64_t>& recvBytes) {
+  if (!checkAcrossHosts_) return;
+  std::vector<int64_t> own(sendBytes);
+  own.insert(own.end(), recvBytes.begin(), recvBytes.end());
+  const int64_t width = 2 * size_;
+  at::Tensor in = at::tensor(own, at::kLong);
+  at::Tensor all = at::empty({size_ * width}, at::kLong);
+  across(op, *groups_.global, allRanks_, [&](c10d::Backend& g) { return g._allgather_base(all, in); });
+  const int64_t* m = all.data_ptr<int64_t>();
+  auto sent = [&](int from, int to) { return m[from * width + to]; };
+  auto expected = [&](int at, int from) { return m[at * width + size_ + from]; };
+  for (int from = 0; from < size_; ++from)
+    for (int to = 0; to < size_; ++to) {
+      if (sent(from, to) == expected(to, from)) continue;
+      if (layout_.hostOf(from) == layout_.hostOf(to)) continue;  // the local leg reports these
+      mismatchAcrossHosts(op, "rank " + std::to_string(from) + " sends " + std::to_string(sent(from, to)) +
+                                  " bytes to rank " + std::to_string(to) + ", which expects " +
+                                  std::to_string(expected(to, from)));
+    }
+}
+
+const char* collectiveName(int64_t kind) {
+  switch (static_cast<c10d::OpType>(kind)) {
+    case c10d::OpType::BROADCAST: return "broadcast";
+    case c10d::OpType::ALLREDUCE: return "all_reduce";
+    case c10d::OpType::ALLREDUCE_COALESCED: return "allreduce_coalesced";
+    case c10d::OpType::REDUCE: return "reduce";
+    case c10d::OpType::ALLGATHER: return "all_gather";
+    case c10d::OpType::_ALLGATHER_BASE: return "all_gather_into_tensor";
+    case c10d::OpType::GATHER: return "gather";
+    case c10d::OpType::SCATTER: return "scatter";
+    case c10d::OpType::REDUCE_SCATTER: return "reduce_scatter";
+    case c10d::OpType::BARRIER: return "barrier";
+    default: return "another collective";
+  }
+}
+
+}  // namespace hoccl
