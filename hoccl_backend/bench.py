@@ -7,6 +7,7 @@
     python -m hoccl_backend.bench --shared-buffers        # buffers from hoccl_backend.empty()
     python -m hoccl_backend.bench --overlap               # GPU only: GEMM slowdown under comm
     python -m hoccl_backend.bench --vs mpi                # hoccl beside Open MPI and torch's floor
+    python -m hoccl_backend.bench --hosts 2 --link-gbit 4 # across namespaced hosts (bench_hosts.py)
 
 Each world size runs in one set of spawned ranks holding a group per backend. For each (op,
 size) the backends take turns over --rounds rounds (order reversed every other round), so both
@@ -316,7 +317,18 @@ def main(argv=None) -> int:
     parser.add_argument("--vs", default=None,
                         help="peers to compare hoccl with: gloo (default, same as --backend hoccl,gloo), "
                              "mpi, or mpi,gloo (Open MPI, taking turns with hoccl; see bench_mpi)")
+    parser.add_argument("--hosts", type=int, default=None,
+                        help="run across this many namespaced hosts (root; see bench_hosts)")
+    parser.add_argument("--ranks-per-host", type=int, default=2, help="with --hosts (default 2)")
+    parser.add_argument("--link-gbit", type=float, default=None,
+                        help="with --hosts: shape every host's link to this rate (tc tbf)")
     args, rest = parser.parse_known_args(argv)
+    if args.hosts:
+        from hoccl_backend import bench_hosts
+
+        if rest:
+            parser.error(f"unknown arguments {rest}")
+        return bench_hosts.main(args)
     if args.overlap:
         from hoccl_backend import bench_overlap
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Open an interactive shell on host 0 of COUNT isolated hosts made by tests/multihost/hosts.py,
+# Open an interactive shell on host 0 of COUNT isolated hosts made by hoccl_backend/testbed/hosts.py,
 # for trying multi-host runs by hand. Leaving the shell tears every host down.
 #
 #   scripts/hosts_shell.sh [COUNT] [LINK_GBIT]
@@ -11,8 +11,8 @@ gbit="${2:-}"
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 code="$(cat <<'PY'
 import os, subprocess, sys
-sys.path.insert(0, os.path.join(sys.argv[1], "tests"))
-from multihost.hosts import Hosts
+sys.path.insert(0, sys.argv[1])
+from hoccl_backend.testbed.hosts import Hosts
 
 count, gbit = int(sys.argv[2]), (float(sys.argv[3]) if sys.argv[3] else None)
 with Hosts(count=count, link_gbit=gbit) as hosts:

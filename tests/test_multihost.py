@@ -1,4 +1,4 @@
-"""hoccl groups spanning hosts: every op on real namespaced hosts (multihost.hosts), checked
+"""hoccl groups spanning hosts: every op on real namespaced hosts (hoccl_backend.testbed.hosts), checked
 against independent references; training across hosts against gloo; faults.
 
 Layouts: 2x2, three hosts with 2, 1 and 2 ranks, two hosts of one rank, and an interleaved
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from multihost.hosts import Hosts, leftovers, wait_for_files
+from hoccl_backend.testbed.hosts import Hosts, leftovers, wait_for_files
 
 SLOTS = {"HOCCL_SHM_SLOT_BYTES": "64K"}  # staging slots the large sizes overflow
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from multihost.hosts import Hosts, HostsError, leftovers, wait_for_files
+from hoccl_backend.testbed.hosts import Hosts, HostsError, leftovers, wait_for_files
 
 
 def probe(rank, world, marker):

@@ -22,6 +22,13 @@ OpSignature reductionSignature(c10d::OpType kind, const at::Tensor& t, RedOp op,
   return {static_cast<int64_t>(kind), static_cast<int64_t>(t.scalar_type()), t.numel(), root, static_cast<int64_t>(op)};
 }
 
+// Elements per pipelined chunk: 1/8 of the buffer, at least 1 MiB and a multiple of L.
+int64_t railChunkElements(int64_t n, int64_t elementSize, int64_t L) {
+  const int64_t least = std::max<int64_t>(1, (1 << 20) / elementSize);
+  const int64_t chunk = std::max(least, (n + 7) / 8);
+  return (chunk + L - 1) / L * L;
+}
+
 }  // namespace
 
 void checkMultiHostTensor(const at::Tensor& t, const char* op, int rank) { checkHostTensor(t, op, rank); }
@@ -51,20 +58,60 @@ void MultiHostGroup::allreduceFlat(const char* op, const at::Tensor& flat, RedOp
     allreduceRails(op, flat, redOp, factor);
 }
 
+// The rails form, pipelined: the buffer goes in chunks, so that the rail leg of one chunk runs
+// while the host reduce-scatters the next and all-gathers the previous one (the local group and
+// each gloo group run their ops in issue order on their own threads). Only the first chunk's
+// reduce-scatter and the last one's all-gather are not hidden behind the link.
 void MultiHostGroup::allreduceRails(const char* op, const at::Tensor& flat, RedOp redOp, double factor) {
-  const int64_t L = layout_.localSize(host_), n = flat.numel(), c = (n + L - 1) / L;
-  const bool padded = n % L != 0;
-  at::Tensor in = flat;
-  if (padded) {
-    in = at::zeros({c * L}, flat.options());
-    in.narrow(0, 0, n).copy_(flat);
+  const int64_t L = layout_.localSize(host_), n = flat.numel();
+  const int64_t chunk = railChunkElements(n, flat.element_size(), L);
+  struct Piece {
+    at::Tensor in, shard, wide, out, user;  // out is `user` unless the piece was padded
+    c10::intrusive_ptr<c10d::Work> work;
+  };
+  std::vector<Piece> pieces;
+  // Shards live in the group's scratch buffer: the same pages every call, so the local legs
+  // neither fault them in again nor re-promote them onto huge pages (both cost more than the
+  // copies here).
+  const int64_t esize = flat.element_size();
+  at::Tensor shards = scratch(((n + chunk - 1) / chunk + n / L + 1) * esize);
+  int64_t shardOff = 0;
+  for (int64_t off = 0; off < n; off += chunk) {
+    Piece p;
+    p.user = flat.narrow(0, off, std::min(chunk, n - off));
+    const int64_t c = (p.user.numel() + L - 1) / L;
+    p.in = p.user;
+    p.out = p.user;
+    if (p.user.numel() % L != 0) {
+      p.in = at::zeros({c * L}, flat.options());
+      p.in.narrow(0, 0, p.user.numel()).copy_(p.user);
+      p.out = at::empty({c * L}, flat.options());
+    }
+    p.shard = shards.narrow(0, shardOff * esize, c * esize).view(flat.scalar_type());
+    shardOff += c;
+    pieces.push_back(std::move(p));
   }
-  at::Tensor shard = at::empty({c}, flat.options());
-  local(op, [&](ProcessGroupHOCCL& g) { return g._reduce_scatter_base(shard, in, legs::reduceScatterOpts(redOp)); });
-  railAllreduce(op, shard, redOp, factor);
-  at::Tensor out = padded ? at::empty({c * L}, flat.options()) : flat;
-  local(op, [&](ProcessGroupHOCCL& g) { return g._allgather_base(out, shard, c10d::AllgatherOptions()); });
-  if (padded) flat.copy_(out.narrow(0, 0, n));
+  checkUsable(op);
+  for (auto& p : pieces) p.work = groups_.local->_reduce_scatter_base(p.shard, p.in, legs::reduceScatterOpts(redOp));
+  for (auto& p : pieces) {
+    p.work->wait();
+    p.wide = p.shard.to(legs::acrossDtype(p.shard.scalar_type()));
+    std::vector<at::Tensor> v{p.wide};
+    p.work = startAcross(op, *groups_.rail, myRail_, [&](c10d::Backend& g) {
+      return g.allreduce(v, legs::allreduceOpts(redOp));
+    });
+  }
+  for (auto& p : pieces) {
+    waitAcross(op, myRail_, p.work);
+    finishReduction(p.wide, redOp, factor);
+    if (!p.wide.is_same(p.shard)) p.shard.copy_(p.wide);
+    checkUsable(op);
+    p.work = groups_.local->_allgather_base(p.out, p.shard, c10d::AllgatherOptions());
+  }
+  for (auto& p : pieces) {
+    p.work->wait();
+    if (!p.out.is_same(p.user)) p.user.copy_(p.out.narrow(0, 0, p.user.numel()));
+  }
 }
 
 void MultiHostGroup::allreduceLeaders(const char* op, const at::Tensor& flat, RedOp redOp, double factor) {

@@ -64,6 +64,11 @@ void MultiHostGroup::setAlgorithm(const char* name) {
   lastAlgo_ = name;
 }
 
+at::Tensor MultiHostGroup::scratch(int64_t bytes) {
+  if (!scratch_.defined() || scratch_.numel() < bytes) scratch_ = at::empty({bytes}, at::kByte);
+  return scratch_;
+}
+
 c10::intrusive_ptr<c10d::Work> MultiHostGroup::enqueue(c10d::OpType type, std::vector<at::Tensor> outputs,
                                                        Body body) {
   auto work = c10::make_intrusive<WorkHOCCL>(rank_, type, std::move(outputs));
@@ -126,6 +131,28 @@ void MultiHostGroup::across(const char* op, c10d::Backend& group, const std::vec
   if (group.getSize() == 1) return;
   try {
     leg(group)->wait();
+  } catch (const std::exception& e) {
+    interHostFailed(op, members, e);
+  }
+}
+
+c10::intrusive_ptr<c10d::Work> MultiHostGroup::startAcross(
+    const char* op, c10d::Backend& group, const std::vector<int>& members,
+    const std::function<c10::intrusive_ptr<c10d::Work>(c10d::Backend&)>& leg) {
+  checkUsable(op);
+  if (group.getSize() == 1) return {};
+  try {
+    return leg(group);
+  } catch (const std::exception& e) {
+    interHostFailed(op, members, e);
+  }
+}
+
+void MultiHostGroup::waitAcross(const char* op, const std::vector<int>& members,
+                                const c10::intrusive_ptr<c10d::Work>& work) {
+  if (!work) return;
+  try {
+    work->wait();
   } catch (const std::exception& e) {
     interHostFailed(op, members, e);
   }

@@ -117,6 +117,10 @@ class MultiHostGroup : public c10d::Backend {
   void local(const char* op, const std::function<c10::intrusive_ptr<c10d::Work>(ProcessGroupHOCCL&)>& leg);
   void across(const char* op, c10d::Backend& group, const std::vector<int>& members,
               const std::function<c10::intrusive_ptr<c10d::Work>(c10d::Backend&)>& leg);
+  // across() in two halves, for legs that overlap others: start one, wait for it later.
+  c10::intrusive_ptr<c10d::Work> startAcross(const char* op, c10d::Backend& group, const std::vector<int>& members,
+                                             const std::function<c10::intrusive_ptr<c10d::Work>(c10d::Backend&)>& leg);
+  void waitAcross(const char* op, const std::vector<int>& members, const c10::intrusive_ptr<c10d::Work>& work);
   [[noreturn]] void interHostFailed(const char* op, const std::vector<int>& members, const std::exception& e);
   void checkUsable(const char* op) const;
 
@@ -137,6 +141,8 @@ class MultiHostGroup : public c10d::Backend {
                          RedOp redOp, double factor);
   void alltoallBytes(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs, const char* op);
   void finishReduction(const at::Tensor& t, RedOp op, double factor) const;
+  // At least `bytes` of the group's reusable scratch (worker thread only; one op at a time).
+  at::Tensor scratch(int64_t bytes);
 
   HostLayout layout_;
   InterHostGroups groups_;
@@ -157,6 +163,7 @@ class MultiHostGroup : public c10d::Backend {
   mutable std::mutex stateMutex_;
   std::string broken_;  // the first inter-host failure; later ops fail with it at once
   std::string lastAlgo_;
+  at::Tensor scratch_;
   std::thread worker_;
 };
 

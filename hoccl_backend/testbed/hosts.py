@@ -1,4 +1,4 @@
-"""Real hosts on one machine, for multi-host tests.
+"""Real hosts on one machine, for multi-host tests and benchmarks.
 
 `Hosts(count, ranks)` makes `count` hosts and launches jobs on them with torchrun:
 
@@ -306,6 +306,9 @@ class _Namespaces:
             _run(ip + ["link", "add", f"v{h}", "type", "veth", "peer", "name", IFNAME,
                        "netns", ns])
             _run(ip + ["link", "set", f"v{h}", "master", "br0", "up"])
+            if self.hosts.mtu:
+                _run(ip + ["link", "set", f"v{h}", "mtu", str(self.hosts.mtu)])
+                _run(["ip", "-n", ns, "link", "set", IFNAME, "mtu", str(self.hosts.mtu)])
             _run(["ip", "-n", ns, "addr", "add", f"{self.addr(h)}/24", "dev", IFNAME])
             _run(["ip", "-n", ns, "link", "set", IFNAME, "up"])
             if self.hosts.link_gbit:
@@ -563,12 +566,13 @@ class Hosts:
 
     isolate=None makes namespaces when it can and falls back to process groups otherwise;
     True insists on namespaces; False forces process groups. link_gbit shapes every host's
-    link to that rate in each direction (namespaces only).
+    link to that rate in each direction, and mtu sets the links' MTU (namespaces only; 9000
+    gives jumbo frames, whose headers add under 1 % to the link counters).
     """
 
     def __init__(self, count: int = 2, ranks: list[int] | None = None,
                  link_gbit: float | None = None, isolate: bool | None = None,
-                 timeout: float = 60.0):
+                 timeout: float = 60.0, mtu: int | None = None):
         ranks = list(ranks) if ranks is not None else [1] * count
         if count < 1 or len(ranks) != count or min(ranks) < 1:
             raise ValueError(f"Hosts: need count >= 1 and one rank count >= 1 per host, got "
@@ -579,6 +583,7 @@ class Hosts:
         self.ranks = ranks
         self.world = sum(ranks)
         self.link_gbit = link_gbit
+        self.mtu = mtu
         self.timeout = timeout
         self.run_id = f"{PREFIX}-{os.getpid()}-{next(_sequence)}"
         self.names = [f"host{h}" for h in range(count)]
@@ -654,6 +659,7 @@ class Hosts:
         layout = f"{self.count} hosts, ranks {self.ranks}"
         if self.isolated:
             shaped = f", links shaped to {self.link_gbit} Gbit/s" if self.link_gbit else ""
+            shaped += f", MTU {self.mtu}" if self.mtu else ""
             return (f"{layout} as network/IPC/mount/PID/UTS namespaces on a bridge "
                     f"({self.run_id}){shaped}")
         return (f"{layout} as PLAIN PROCESS GROUPS with HOCCL_HOSTNAME={self.names} "
