@@ -130,7 +130,8 @@ void MultiHostGroup::allreduceLeaders(const char* op, const at::Tensor& flat, Re
 }
 
 // Local rank l ends the host's leg with its host's partial sums of the blocks that rail l's
-// members own, in host order; the rail's reduce-scatter then gives each member its block.
+// members own, in host order; the rail's exchange then gives each member every host's partial
+// of its block, which it reduces in host order (the same order on every rank).
 void MultiHostGroup::reduceScatterFlat(const char* op, const std::vector<at::Tensor>& blocks, const at::Tensor& out,
                                        RedOp redOp, double factor) {
   const int64_t n = out.numel(), H = layout_.hosts(), L = layout_.localSize(host_);
@@ -148,11 +149,19 @@ void MultiHostGroup::reduceScatterFlat(const char* op, const std::vector<at::Ten
     for (int64_t h = 0; h < H; ++h) byRail.narrow(0, (l * H + h) * n, n).copy_(blocks[layout_.table.ranksOf[h][l]]);
   at::Tensor part = at::empty({H * n}, out.options());
   local(op, [&](ProcessGroupHOCCL& g) { return g._reduce_scatter_base(part, byRail, legs::reduceScatterOpts(redOp)); });
+  // The rail leg as an all_to_all of the partials plus a local reduction: gloo's own
+  // reduce_scatter is an all_reduce (twice the bytes across hosts).
   at::Tensor wide = part.to(legs::acrossDtype(part.scalar_type()));
-  at::Tensor mine = at::empty({n}, wide.options());
+  at::Tensor partials = at::empty({H * n}, wide.options());
+  std::vector<int64_t> even;
   across(op, *groups_.rail, myRail_, [&](c10d::Backend& g) {
-    return g._reduce_scatter_base(mine, wide, legs::reduceScatterOpts(redOp));
+    std::vector<int64_t> outSplits = even, inSplits = even;  // gloo moves from them
+    return g.alltoall_base(partials, wide, outSplits, inSplits, c10d::AllToAllOptions());
   });
+  std::vector<const void*> srcs;
+  for (int64_t h = 0; h < H; ++h) srcs.push_back(partials.narrow(0, h * n, n).data_ptr());
+  at::Tensor mine = at::empty({n}, wide.options());
+  reduceInto(mine.data_ptr(), srcs.data(), static_cast<int>(H), n, mine.scalar_type(), redOp);
   finishReduction(mine, redOp, factor);
   out.copy_(mine);
 }
