@@ -39,6 +39,40 @@ void MultiHostGroup::broadcastFlat(const char* op, const at::Tensor& bytes, int 
   if (host_ != rootHost) inHost(0);
 }
 
+// Even hosts, pipelined: the input goes in chunks; each chunk's rail all-gather runs while the
+// host all-gathers the chunk before it. Rail member h's block of rank (h, l) lands at slot
+// l * H + h of the host's all-gather.
+void MultiHostGroup::allgatherRails(const char* op, const at::Tensor& in, const std::vector<at::Tensor>& outs) {
+  const int64_t n = in.numel(), H = layout_.hosts(), L = layout_.localSize(host_);
+  const int64_t chunk = std::max<int64_t>(1 << 20, (n + 7) / 8);
+  struct Piece {
+    int64_t off, len;
+    at::Tensor rail, all;
+    c10::intrusive_ptr<c10d::Work> work;
+  };
+  std::vector<Piece> pieces;
+  for (int64_t off = 0; off < n; off += chunk) {
+    Piece p{off, std::min(chunk, n - off)};
+    p.rail = at::empty({H * p.len}, in.options());
+    p.all = at::empty({L * H * p.len}, in.options());
+    at::Tensor src = in.narrow(0, off, p.len);
+    p.work = startAcross(op, *groups_.rail, myRail_, [&](c10d::Backend& g) { return g._allgather_base(p.rail, src); });
+    pieces.push_back(std::move(p));
+  }
+  for (auto& p : pieces) {
+    waitAcross(op, myRail_, p.work);
+    checkUsable(op);
+    p.work = groups_.local->_allgather_base(p.all, p.rail, c10d::AllgatherOptions());
+  }
+  for (auto& p : pieces) {
+    p.work->wait();
+    for (int r = 0; r < size_; ++r) {
+      const int64_t slot = int64_t(layout_.localIndex[r]) * H + layout_.hostOf(r);
+      outs[r].narrow(0, p.off, p.len).copy_(p.all.narrow(0, slot * p.len, p.len));
+    }
+  }
+}
+
 void MultiHostGroup::allgatherFlat(const char* op, const at::Tensor& in, const std::vector<at::Tensor>& outs) {
   const int64_t n = in.numel(), H = layout_.hosts();
   if (n == 0) return;
@@ -46,13 +80,7 @@ void MultiHostGroup::allgatherFlat(const char* op, const at::Tensor& in, const s
     for (int r = 0; r < size_; ++r) outs[r].copy_(all.narrow(0, slotOf(r) * n, n));
   };
   if (layout_.even) {
-    const int64_t L = layout_.localSize(host_);
-    at::Tensor railBuf = at::empty({H * n}, in.options());
-    at::Tensor src = in;
-    across(op, *groups_.rail, myRail_, [&](c10d::Backend& g) { return g._allgather_base(railBuf, src); });
-    at::Tensor all = at::empty({L * H * n}, in.options());
-    local(op, [&](ProcessGroupHOCCL& g) { return g._allgather_base(all, railBuf, c10d::AllgatherOptions()); });
-    place(all, [&](int r) { return int64_t(layout_.localIndex[r]) * H + layout_.hostOf(r); });
+    allgatherRails(op, in, outs);
     return;
   }
   const int64_t widest = static_cast<int64_t>(layout_.railRanks.size()), L = layout_.localSize(host_);

@@ -137,6 +137,7 @@ class MultiHostGroup : public c10d::Backend {
   void railAllreduce(const char* op, const at::Tensor& t, RedOp redOp, double factor);  // the rail leg, scaled
   void broadcastFlat(const char* op, const at::Tensor& bytes, int root);
   void allgatherFlat(const char* op, const at::Tensor& inBytes, const std::vector<at::Tensor>& outBytes);
+  void allgatherRails(const char* op, const at::Tensor& inBytes, const std::vector<at::Tensor>& outBytes);
   void reduceScatterFlat(const char* op, const std::vector<at::Tensor>& inputs, const at::Tensor& out,
                          RedOp redOp, double factor);
   void alltoallBytes(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs, const char* op);
