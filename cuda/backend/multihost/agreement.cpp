@@ -52,14 +52,10 @@ void MultiHostGroup::agreeOnRail(const char* op, const OpSignature& mine) {
     if (theirs == own) continue;
     const int peer = myRail_[m];
     OpSignature other{theirs[0], theirs[1], theirs[2], theirs[3], theirs[4]};
-    std::string what;
-    if (other.kind != mine.kind)
-      what = "rank " + std::to_string(peer) + " on " + layout_.describeHost(layout_.hostOf(peer)) +
-             " runs a different collective (" + collectiveName(other.kind) + ")";
-    else
-      what = "rank " + std::to_string(peer) + " on " + layout_.describeHost(layout_.hostOf(peer)) + " passes " +
-             describe(other) + ", this rank " + describe(mine);
-    mismatchAcrossHosts(op, what);
+    const std::string who = "rank " + std::to_string(peer) + " on " + layout_.describeHost(layout_.hostOf(peer));
+    mismatchAcrossHosts(op, other.kind != mine.kind
+                                ? who + " runs a different collective (" + collectiveName(other.kind) + ")"
+                                : who + " passes " + describe(other) + ", this rank " + describe(mine));
   }
 }
 

@@ -44,7 +44,7 @@ void MultiHostGroup::broadcastFlat(const char* op, const at::Tensor& bytes, int 
 // l * H + h of the host's all-gather.
 void MultiHostGroup::allgatherRails(const char* op, const at::Tensor& in, const std::vector<at::Tensor>& outs) {
   const int64_t n = in.numel(), H = layout_.hosts(), L = layout_.localSize(host_);
-  const int64_t chunk = std::max<int64_t>(1 << 20, (n + 7) / 8);
+  const int64_t chunk = legs::pipelineChunk(n, 1, 1);
   struct Piece {
     int64_t off, len;
     at::Tensor rail, all;

@@ -22,13 +22,6 @@ OpSignature reductionSignature(c10d::OpType kind, const at::Tensor& t, RedOp op,
   return {static_cast<int64_t>(kind), static_cast<int64_t>(t.scalar_type()), t.numel(), root, static_cast<int64_t>(op)};
 }
 
-// Elements per pipelined chunk: 1/8 of the buffer, at least 1 MiB and a multiple of L.
-int64_t railChunkElements(int64_t n, int64_t elementSize, int64_t L) {
-  const int64_t least = std::max<int64_t>(1, (1 << 20) / elementSize);
-  const int64_t chunk = std::max(least, (n + 7) / 8);
-  return (chunk + L - 1) / L * L;
-}
-
 }  // namespace
 
 void checkMultiHostTensor(const at::Tensor& t, const char* op, int rank) { checkHostTensor(t, op, rank); }
@@ -64,7 +57,7 @@ void MultiHostGroup::allreduceFlat(const char* op, const at::Tensor& flat, RedOp
 // reduce-scatter and the last one's all-gather are not hidden behind the link.
 void MultiHostGroup::allreduceRails(const char* op, const at::Tensor& flat, RedOp redOp, double factor) {
   const int64_t L = layout_.localSize(host_), n = flat.numel();
-  const int64_t chunk = railChunkElements(n, flat.element_size(), L);
+  const int64_t chunk = legs::pipelineChunk(n, flat.element_size(), L);
   struct Piece {
     at::Tensor in, shard, wide, out, user;  // out is `user` unless the piece was padded
     c10::intrusive_ptr<c10d::Work> work;
@@ -153,14 +146,13 @@ void MultiHostGroup::reduceScatterFlat(const char* op, const std::vector<at::Ten
   // reduce_scatter is an all_reduce (twice the bytes across hosts).
   at::Tensor wide = part.to(legs::acrossDtype(part.scalar_type()));
   at::Tensor partials = at::empty({H * n}, wide.options());
-  std::vector<int64_t> even;
   across(op, *groups_.rail, myRail_, [&](c10d::Backend& g) {
-    std::vector<int64_t> outSplits = even, inSplits = even;  // gloo moves from them
+    std::vector<int64_t> outSplits, inSplits;  // empty: even blocks
     return g.alltoall_base(partials, wide, outSplits, inSplits, c10d::AllToAllOptions());
   });
   std::vector<const void*> srcs;
   for (int64_t h = 0; h < H; ++h) srcs.push_back(partials.narrow(0, h * n, n).data_ptr());
-  at::Tensor mine = at::empty({n}, wide.options());
+  at::Tensor mine = partials.narrow(0, 0, n);  // reduceInto's destination may alias a source
   reduceInto(mine.data_ptr(), srcs.data(), static_cast<int>(H), n, mine.scalar_type(), redOp);
   finishReduction(mine, redOp, factor);
   out.copy_(mine);

@@ -2,6 +2,7 @@
 // reduce op a leg runs.
 #pragma once
 #include <ATen/ATen.h>
+#include <algorithm>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include "exec/reduce_kernels.h"
@@ -46,6 +47,14 @@ inline at::Tensor bytesOf(const at::Tensor& t) {
 
 inline bool halfWidth(const at::Tensor& t) {
   return t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16;
+}
+
+// Elements per chunk of a pipelined form: 1/8 of the buffer, at least 1 MiB, a multiple of
+// `multiple` (so that every chunk but the last splits evenly across a host's ranks).
+inline int64_t pipelineChunk(int64_t n, int64_t elementSize, int64_t multiple) {
+  const int64_t least = std::max<int64_t>(1, (1 << 20) / elementSize);
+  const int64_t chunk = std::max(least, (n + 7) / 8);
+  return (chunk + multiple - 1) / multiple * multiple;
 }
 
 }  // namespace hoccl::legs

@@ -127,13 +127,7 @@ void MultiHostGroup::local(const char* op,
 
 void MultiHostGroup::across(const char* op, c10d::Backend& group, const std::vector<int>& members,
                             const std::function<c10::intrusive_ptr<c10d::Work>(c10d::Backend&)>& leg) {
-  checkUsable(op);
-  if (group.getSize() == 1) return;
-  try {
-    leg(group)->wait();
-  } catch (const std::exception& e) {
-    interHostFailed(op, members, e);
-  }
+  waitAcross(op, members, startAcross(op, group, members, leg));
 }
 
 c10::intrusive_ptr<c10d::Work> MultiHostGroup::startAcross(
