@@ -96,6 +96,11 @@ def _buffers(op, nbytes, world, shared=False):
     return {"x": ones(n), "out": empty(n)}
 
 
+def buffer_bytes(op, buf) -> int:
+    """The benchmark's "bytes" for buffers from _buffers (all_gather counts its output)."""
+    return buf["out"].numel() * 4 if op == "all_gather" else buf["x"].numel() * 4
+
+
 def _time_round(op, buf, group, iters):
     """Mean seconds per iteration of `iters` back-to-back calls, started together on every rank."""
     import torch.distributed as dist
@@ -142,8 +147,7 @@ def _rank_job(rank, world, backends, ops, sizes, rounds, port, queue, show_progr
                 t = torch.tensor(samples[b], dtype=torch.float64)
                 dist.all_reduce(t, op=dist.ReduceOp.MAX)
                 buf = bufs[b]
-                real_bytes = buf["out"].numel() * 4 if op == "all_gather" else buf["x"].numel() * 4
-                rows.append({"backend": b, "world": world, "op": op, "bytes": real_bytes,
+                rows.append({"backend": b, "world": world, "op": op, "bytes": buffer_bytes(op, buf),
                              "time_us": t.median().item() * 1e6, "rounds": rounds,
                              "iters_per_round": per_round})
             done += 1

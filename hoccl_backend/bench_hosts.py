@@ -24,10 +24,10 @@ import os
 import statistics
 import time
 
-from hoccl_backend.bench import OPS, _buffers, _run_op, bus_factor, parse_size
+from hoccl_backend.bench import OPS, _buffers, _run_op, buffer_bytes, bus_factor, parse_size
+from hoccl_backend.testbed.hosts import IFNAME, Hosts
 
 DEFAULT_SIZES = [1 << 20, 16 << 20, 64 << 20]
-IFNAME = "eth0"
 
 
 def minimum_cross_bytes(op: str, hosts: int, per_host: int, nbytes: int) -> int:
@@ -56,7 +56,7 @@ def _iters(nbytes: int) -> int:
 
 def measure(rank, world, ops, sizes, rounds):
     """One rank: per (op, size, backend) the time of each round, and on local rank 0 the bytes
-    its host's link sent during each round."""
+    its host's link sent during each round; per (op, size) the buffer's benchmark bytes."""
     import torch.distributed as dist
 
     gloo = dist.new_group(backend="gloo")
@@ -66,6 +66,7 @@ def measure(rank, world, ops, sizes, rounds):
     for op in ops:
         for nbytes in sizes:
             buf = _buffers(op, nbytes, world)
+            out[("bytes", op, nbytes)] = buffer_bytes(op, buf)
             iters = _iters(nbytes)
             for name, group in groups.items():  # warm-up: connections, page faults, and hoccl's
                 for _ in range(3):                   # huge-page promotion of reused buffers
@@ -95,7 +96,7 @@ def summarize(results, hosts, per_host, ops, sizes, link_gbit):
     rows = []
     for op in ops:
         for nbytes in sizes:
-            n = (max(1, nbytes // 4) + world - 1) // world * world * 4  # the bytes _buffers made
+            n = results[0][("bytes", op, nbytes)]
             minimum = minimum_cross_bytes(op, hosts, per_host, n)
             bound = minimum / hosts / rate if rate else None
             for name in ("hoccl", "gloo"):
@@ -132,8 +133,6 @@ def print_table(rows):
 
 
 def main(args) -> int:
-    from hoccl_backend.testbed.hosts import Hosts
-
     ops = [o.strip() for o in args.ops.split(",")]
     for op in ops:
         if op not in OPS:
