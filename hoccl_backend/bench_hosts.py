@@ -75,8 +75,11 @@ def measure(rank, world, ops, sizes, rounds):
                 order = list(groups) if r % 2 == 0 else list(groups)[::-1]
                 for name in order:
                     group = groups[name]
-                    dist.barrier(group=group)
+                    # The counter is read before the barrier: a peer on this host may start
+                    # sending as soon as it leaves the barrier, before this rank does. The window
+                    # then holds the two barriers' few bytes as well, and all of the op's.
                     tx0 = _link_tx_bytes() if reads_link else None
+                    dist.barrier(group=group)
                     start = time.perf_counter()
                     for _ in range(iters):
                         _run_op(op, buf, group)
