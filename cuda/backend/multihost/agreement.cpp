@@ -2,8 +2,8 @@
 // local group checks its own legs; across hosts gloo does not check: a leg whose sizes differ
 // between its members ends the receiving process inside gloo (an uncatchable enforce) or leaves
 // part of a buffer unwritten. So every collective first all-gathers a small signature on its
-// rail, and all_to_all all-gathers every rank's split sizes over the whole group (the matrix
-// the transfers follow). A mismatch raises on every rank of the leg naming both sides, and
+// rail, and all_to_all gathers every rank's split sizes (the matrix the transfers follow) on
+// every rank. A mismatch raises on every rank of the leg naming both sides, and
 // breaks the group on each host so that local peers waiting in a local leg fail at once too.
 // HOCCL_CHECK_ACROSS_HOSTS=0 skips the check (one gloo round trip per op) for jobs known to agree.
 #include <sstream>
@@ -59,18 +59,47 @@ void MultiHostGroup::agreeOnRail(const char* op, const OpSignature& mine) {
   }
 }
 
+// Every rank needs the whole split matrix to report a mismatch the same way everywhere. A gloo
+// all_gather over all ranks is a ring of W-1 hops; instead a host first gathers its rows in
+// shared memory, then sends them to the ranks of every other host in one parallel hop: rank l
+// of host h serves the ranks m of host h' with m % L(h) == l, so every rank hears from exactly
+// one rank of each other host, whatever the hosts' sizes.
 void MultiHostGroup::agreeOnSplits(const char* op, const std::vector<int64_t>& sendBytes,
                                    const std::vector<int64_t>& recvBytes) {
   if (!checkAcrossHosts_) return;
+  const int64_t width = 2 * size_;
   std::vector<int64_t> own(sendBytes);
   own.insert(own.end(), recvBytes.begin(), recvBytes.end());
-  const int64_t width = 2 * size_;
-  at::Tensor in = at::tensor(own, at::kLong);
-  at::Tensor all = at::empty({size_ * width}, at::kLong);
-  across(op, *groups_.global, allRanks_, [&](c10d::Backend& g) { return g._allgather_base(all, in); });
-  const int64_t* m = all.data_ptr<int64_t>();
-  auto sent = [&](int from, int to) { return m[from * width + to]; };
-  auto expected = [&](int at, int from) { return m[at * width + size_ + from]; };
+  const auto& hostRanks = layout_.table.ranksOf;
+  at::Tensor ownRow = at::tensor(own, at::kLong);
+  at::Tensor hostRows = at::empty({layout_.localSize(host_) * width}, at::kLong);
+  local(op, [&](ProcessGroupHOCCL& g) { return g._allgather_base(hostRows, ownRow, c10d::AllgatherOptions()); });
+
+  std::vector<at::Tensor> rowsOf(layout_.hosts());
+  rowsOf[host_] = hostRows;
+  const int tag = crossTag();
+  std::vector<c10::intrusive_ptr<c10d::Work>> exchange;
+  auto post = [&](bool isSend, int peer, const at::Tensor& rows) {
+    std::vector<at::Tensor> one{rows};
+    exchange.push_back(startAcross(op, *groups_.global, allRanks_, [&](c10d::Backend& g) {
+      return isSend ? g.send(one, peer, tag) : g.recv(one, peer, tag);
+    }));
+  };
+  const int mySize = layout_.localSize(host_);
+  for (int h = 0; h < layout_.hosts(); ++h) {
+    if (h == host_) continue;
+    const int theirSize = layout_.localSize(h);
+    rowsOf[h] = at::empty({theirSize * width}, at::kLong);
+    post(false, hostRanks[h][localRank_ % theirSize], rowsOf[h]);
+    for (int m = localRank_; m < theirSize; m += mySize) post(true, hostRanks[h][m], hostRows);
+  }
+  for (auto& w : exchange) waitAcross(op, allRanks_, w);
+
+  std::vector<const int64_t*> row(size_);
+  for (int h = 0; h < layout_.hosts(); ++h)
+    for (size_t i = 0; i < hostRanks[h].size(); ++i) row[hostRanks[h][i]] = rowsOf[h].data_ptr<int64_t>() + i * width;
+  auto sent = [&](int from, int to) { return row[from][to]; };
+  auto expected = [&](int at, int from) { return row[at][size_ + from]; };
   for (int from = 0; from < size_; ++from)
     for (int to = 0; to < size_; ++to) {
       if (sent(from, to) == expected(to, from)) continue;

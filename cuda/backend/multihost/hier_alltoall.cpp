@@ -38,44 +38,39 @@ void MultiHostGroup::alltoallBytes(const std::vector<at::Tensor>& ins, const std
     recvBytes.push_back(outs[r].numel());
   }
   agreeOnSplits(op, sendBytes, recvBytes);
-  std::vector<int64_t> sendSplits(size_, 0), recvSplits(size_, 0);
-  std::vector<at::Tensor> sendParts, localIns, localOuts;
+  std::vector<at::Tensor> localIns, localOuts;
   for (int r = 0; r < size_; ++r) {
-    if (layout_.hostOf(r) == host_) {
-      localIns.push_back(ins[r]);
-      localOuts.push_back(outs[r]);
-    } else {
-      sendSplits[r] = ins[r].numel();
-      recvSplits[r] = outs[r].numel();
-      sendParts.push_back(ins[r]);
+    if (layout_.hostOf(r) != host_) continue;
+    localIns.push_back(ins[r]);
+    localOuts.push_back(outs[r]);
+  }
+  // Cross-host blocks go point to point straight from the input and into the output (a packed
+  // all_to_all would copy every crossing byte twice more); a tag of their own per op keeps them
+  // apart from the global group's collectives.
+  const int tag = crossTag();
+  std::vector<c10::intrusive_ptr<c10d::Work>> crossing;
+  auto post = [&](bool isSend, int peer, const at::Tensor& block) {
+    if (layout_.hostOf(peer) == host_ || block.numel() == 0) return;
+    std::vector<at::Tensor> one{block};
+    crossing.push_back(startAcross(op, *groups_.global, allRanks_, [&](c10d::Backend& g) {
+      return isSend ? g.send(one, peer, tag) : g.recv(one, peer, tag);
+    }));
+  };
+  for (int r = 0; r < size_; ++r) post(false, r, outs[r]);
+  for (int r = 0; r < size_; ++r) post(true, r, ins[r]);
+  try {
+    local(op, [&](ProcessGroupHOCCL& g) { return g.alltoall(localOuts, localIns, c10d::AllToAllOptions()); });
+  } catch (...) {
+    // gloo may still be writing into the outputs: let the transfers end before they can be freed.
+    for (auto& w : crossing) {
+      try {
+        w->wait();
+      } catch (...) {
+      }
     }
+    throw;
   }
-  auto opts = at::TensorOptions().dtype(at::kByte);
-  at::Tensor sendBuf = sendParts.empty() ? at::empty({0}, opts) : at::cat(sendParts);
-  int64_t recvTotal = 0;
-  for (auto v : recvSplits) recvTotal += v;
-  at::Tensor recvBuf = at::empty({recvTotal}, opts);
-  checkUsable(op);
-  c10::intrusive_ptr<c10d::Work> crossing;
-  // gloo takes the split vectors over (moves from them): hand it copies.
-  std::vector<int64_t> recvCounts = recvSplits, sendCounts = sendSplits;
-  try {
-    crossing = groups_.global->alltoall_base(recvBuf, sendBuf, recvCounts, sendCounts, c10d::AllToAllOptions());
-  } catch (const std::exception& e) {
-    interHostFailed(op, allRanks_, e);
-  }
-  local(op, [&](ProcessGroupHOCCL& g) { return g.alltoall(localOuts, localIns, c10d::AllToAllOptions()); });
-  try {
-    crossing->wait();
-  } catch (const std::exception& e) {
-      interHostFailed(op, allRanks_, e);
-  }
-  int64_t off = 0;
-  for (int r = 0; r < size_; ++r) {
-    if (layout_.hostOf(r) == host_) continue;
-    outs[r].copy_(recvBuf.narrow(0, off, recvSplits[r]));
-    off += recvSplits[r];
-  }
+  for (auto& w : crossing) waitAcross(op, allRanks_, w);
 }
 
 c10::intrusive_ptr<c10d::Work> MultiHostGroup::alltoall_base(at::Tensor& output, at::Tensor& userInput,

@@ -126,7 +126,7 @@ class MultiHostGroup : public c10d::Backend {
 
   // Cross-host agreement (agreement.cpp): raise on every member of a leg whose arguments differ.
   void agreeOnRail(const char* op, const OpSignature& mine);
-  // all_to_all: every rank's bytes to and from every rank, over the whole group.
+  // all_to_all: every rank's bytes to and from every rank, gathered on every rank.
   void agreeOnSplits(const char* op, const std::vector<int64_t>& sendBytes, const std::vector<int64_t>& recvBytes);
   [[noreturn]] void mismatchAcrossHosts(const char* op, const std::string& what);
 
@@ -142,6 +142,9 @@ class MultiHostGroup : public c10d::Backend {
                          RedOp redOp, double factor);
   void alltoallBytes(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs, const char* op);
   void finishReduction(const at::Tensor& t, RedOp op, double factor) const;
+  // A gloo tag for one op's point-to-point transfers on the global group, above the tags torch
+  // uses there (worker thread only).
+  int crossTag() { return (1 << 30) | static_cast<int>(crossTags_++ & ((1u << 30) - 1)); }
   // At least `bytes` of the group's reusable scratch (worker thread only; one op at a time).
   at::Tensor scratch(int64_t bytes);
 
@@ -165,6 +168,7 @@ class MultiHostGroup : public c10d::Backend {
   std::string broken_;  // the first inter-host failure; later ops fail with it at once
   std::string lastAlgo_;
   at::Tensor scratch_;
+  uint32_t crossTags_ = 0;
   std::thread worker_;
 };
 
