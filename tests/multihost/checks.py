@@ -161,8 +161,33 @@ def check_send_recv(pg, rank: int, world: int) -> int:
     return len(works) + 1
 
 
+def check_pipelined(pg, rank: int, world: int) -> int:
+    """Sizes the pipelined forms cut into several chunks (chunks are at least 1 MiB), with a
+    ragged last one; bf16 crosses hosts as float."""
+    done = 0
+    for dtype, numel in ((torch.float32, 2_400_007), (torch.bfloat16, 1_100_001)):
+        inputs = [make_input(r, 5, numel, dtype) for r in range(world)]
+        t = inputs[rank].clone()
+        pg.allreduce([t], _opts(dist.AllreduceOptions, reduceOp=redop("sum"))).wait()
+        assert_close(t, reference_reduce(inputs, "sum", world), f"all_reduce {dtype} x{numel} on rank {rank}")
+        block = numel // world + 1
+        blocks = [[make_input(r, 11 * d + 3, block, dtype) for d in range(world)] for r in range(world)]
+        out = torch.empty(block, dtype=dtype)
+        pg._reduce_scatter_base(out, torch.cat(blocks[rank]),
+                                _opts(dist.ReduceScatterOptions, reduceOp=redop("avg"))).wait()
+        expected = reference_reduce([blocks[r][rank] for r in range(world)], "avg", world)
+        assert_close(out, expected, f"reduce_scatter_tensor avg {dtype} x{block} on rank {rank}")
+        gathered = torch.empty(world * block, dtype=dtype)
+        pg._allgather_base(gathered, blocks[rank][0]).wait()
+        assert_close(gathered, torch.cat([blocks[r][0] for r in range(world)]),
+                      f"all_gather_into_tensor {dtype} x{block} on rank {rank}")
+        done += 3
+    return done
+
+
 def every_op(pg, rank: int, world: int) -> dict:
     counts = {
+        "pipelined": check_pipelined(pg, rank, world),
         "reductions": check_reductions(pg, rank, world),
         "data_movement": check_data_movement(pg, rank, world),
         "all_to_all": check_all_to_all(pg, rank, world),

@@ -62,12 +62,7 @@ void MultiHostGroup::alltoallBytes(const std::vector<at::Tensor>& ins, const std
     local(op, [&](ProcessGroupHOCCL& g) { return g.alltoall(localOuts, localIns, c10d::AllToAllOptions()); });
   } catch (...) {
     // gloo may still be writing into the outputs: let the transfers end before they can be freed.
-    for (auto& w : crossing) {
-      try {
-        w->wait();
-      } catch (...) {
-      }
-    }
+    legs::drain(crossing);
     throw;
   }
   for (auto& w : crossing) waitAcross(op, allRanks_, w);

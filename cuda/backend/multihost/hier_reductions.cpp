@@ -127,7 +127,7 @@ void MultiHostGroup::allreduceLeaders(const char* op, const at::Tensor& flat, Re
 // of its block, which it reduces in host order (the same order on every rank).
 void MultiHostGroup::reduceScatterFlat(const char* op, const std::vector<at::Tensor>& blocks, const at::Tensor& out,
                                        RedOp redOp, double factor) {
-  const int64_t n = out.numel(), H = layout_.hosts(), L = layout_.localSize(host_);
+  const int64_t n = out.numel();
   if (n == 0) return;
   if (!layout_.even) {
     setAlgorithm("multihost_leaders");
@@ -137,25 +137,87 @@ void MultiHostGroup::reduceScatterFlat(const char* op, const std::vector<at::Ten
     return;
   }
   setAlgorithm("multihost_rails");
-  at::Tensor byRail = at::empty({L * H * n}, out.options());
-  for (int64_t l = 0; l < L; ++l)
-    for (int64_t h = 0; h < H; ++h) byRail.narrow(0, (l * H + h) * n, n).copy_(blocks[layout_.table.ranksOf[h][l]]);
-  at::Tensor part = at::empty({H * n}, out.options());
-  local(op, [&](ProcessGroupHOCCL& g) { return g._reduce_scatter_base(part, byRail, legs::reduceScatterOpts(redOp)); });
-  // The rail leg as an all_to_all of the partials plus a local reduction: gloo's own
-  // reduce_scatter is an all_reduce (twice the bytes across hosts).
-  at::Tensor wide = part.to(legs::acrossDtype(part.scalar_type()));
-  at::Tensor partials = at::empty({H * n}, wide.options());
-  across(op, *groups_.rail, myRail_, [&](c10d::Backend& g) {
-    std::vector<int64_t> outSplits, inSplits;  // empty: even blocks
-    return g.alltoall_base(partials, wide, outSplits, inSplits, c10d::AllToAllOptions());
-  });
-  std::vector<const void*> srcs;
-  for (int64_t h = 0; h < H; ++h) srcs.push_back(partials.narrow(0, h * n, n).data_ptr());
-  at::Tensor mine = partials.narrow(0, 0, n);  // reduceInto's destination may alias a source
-  reduceInto(mine.data_ptr(), srcs.data(), static_cast<int>(H), n, mine.scalar_type(), redOp);
-  finishReduction(mine, redOp, factor);
-  out.copy_(mine);
+  reduceScatterRails(op, blocks, out, redOp, factor);
+}
+
+// Pipelined in chunks of every block, like all_reduce's rails form: the host's reduce-scatter of
+// chunk k+1 runs (on the local group's thread) while chunk k's partials cross on the rail.
+// The rail leg is point to point (each member sends each other host's member the partial of
+// that member's block), not gloo's reduce_scatter, which is an all_reduce (twice the bytes
+// across hosts).
+void MultiHostGroup::reduceScatterRails(const char* op, const std::vector<at::Tensor>& blocks, const at::Tensor& out,
+                                        RedOp redOp, double factor) {
+  const int64_t n = out.numel(), H = layout_.hosts(), L = layout_.localSize(host_);
+  const at::ScalarType dtype = out.scalar_type(), wideType = legs::acrossDtype(dtype);
+  const int64_t esize = out.element_size();
+  const int64_t chunk = legs::pipelineChunk(n, esize, 1);
+  const auto& ranksOf = layout_.table.ranksOf;
+  // Packed inputs and the host's partials live in the group's scratch (the same pages every
+  // call); partials from other hosts arrive in fresh buffers of the wide type.
+  auto aligned = [](int64_t b) { return (b + 63) / 64 * 64; };
+  const int64_t packedBytes = aligned(L * H * n * esize);
+  at::Tensor area = scratch(packedBytes + aligned(H * n * esize));
+  at::Tensor packed = area.narrow(0, 0, L * H * n * esize).view(dtype);
+  at::Tensor parts = area.narrow(0, packedBytes, H * n * esize).view(dtype);
+  at::Tensor arrived = at::empty({(H - 1) * n}, out.options().dtype(wideType));
+  struct Piece {
+    int64_t off, len;
+    at::Tensor packed, part, wide;
+    std::vector<at::Tensor> from;  // per host: its partial of this chunk of my block
+    c10::intrusive_ptr<c10d::Work> reduced;
+    std::vector<c10::intrusive_ptr<c10d::Work>> crossing;
+  };
+  std::vector<Piece> pieces;
+  // Chunk k's partials start across once the host has reduced them and chunk k+1 is packed and
+  // handed to the local group, so packing and the host's reduction hide behind the link.
+  auto cross = [&](Piece& p) {
+    p.reduced->wait();
+    p.wide = p.part.to(wideType);
+    const int tag = crossTag();
+    int64_t slot = 0;
+    for (int64_t h = 0; h < H; ++h) {
+      if (h == host_) {
+        p.from.push_back(p.wide.narrow(0, h * p.len, p.len));
+        continue;
+      }
+      p.from.push_back(arrived.narrow(0, slot++ * n + p.off, p.len));
+      const int peer = layout_.railRank(ranksOf[h][localRank_]);
+      std::vector<at::Tensor> in{p.from.back()}, toPeer{p.wide.narrow(0, h * p.len, p.len)};
+      p.crossing.push_back(startAcross(op, *groups_.rail, myRail_, [&](c10d::Backend& g) { return g.recv(in, peer, tag); }));
+      p.crossing.push_back(startAcross(op, *groups_.rail, myRail_, [&](c10d::Backend& g) { return g.send(toPeer, peer, tag); }));
+    }
+  };
+  pieces.reserve((n + chunk - 1) / chunk);
+  try {
+    for (int64_t off = 0; off < n; off += chunk) {
+      Piece p;
+      p.off = off;
+      p.len = std::min(chunk, n - off);
+      p.packed = packed.narrow(0, L * H * off, L * H * p.len);
+      p.part = parts.narrow(0, H * off, H * p.len);
+      for (int64_t l = 0; l < L; ++l)
+        for (int64_t h = 0; h < H; ++h)
+          p.packed.narrow(0, (l * H + h) * p.len, p.len).copy_(blocks[ranksOf[h][l]].narrow(0, off, p.len));
+      checkUsable(op);
+      p.reduced = groups_.local->_reduce_scatter_base(p.part, p.packed, legs::reduceScatterOpts(redOp));
+      pieces.push_back(std::move(p));
+      if (pieces.size() > 1) cross(pieces[pieces.size() - 2]);
+    }
+    cross(pieces.back());
+    for (auto& p : pieces) {
+      for (auto& w : p.crossing) waitAcross(op, myRail_, w);
+      std::vector<const void*> srcs;
+      for (auto& t : p.from) srcs.push_back(t.data_ptr());
+      at::Tensor mine = p.from[host_];  // reduceInto's destination may alias a source
+      reduceInto(mine.data_ptr(), srcs.data(), static_cast<int>(H), p.len, wideType, redOp);
+      finishReduction(mine, redOp, factor);
+      out.narrow(0, p.off, p.len).copy_(mine);
+    }
+  } catch (...) {
+    // gloo may still be writing into `arrived`: let the transfers end before it is freed.
+    for (auto& p : pieces) legs::drain(p.crossing);
+    throw;
+  }
 }
 
 c10::intrusive_ptr<c10d::Work> MultiHostGroup::allreduce(std::vector<at::Tensor>& tensors,

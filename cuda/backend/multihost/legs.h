@@ -4,6 +4,8 @@
 #include <ATen/ATen.h>
 #include <algorithm>
 #include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#include <vector>
 
 #include "exec/reduce_kernels.h"
 
@@ -60,6 +62,18 @@ inline int64_t pipelineChunk(int64_t n, int64_t elementSize, int64_t multiple) {
 }  // namespace hoccl::legs
 
 namespace hoccl::legs {
+
+// Waits for every transfer, ignoring their errors: on a failure path, before the buffers the
+// transfers write into can be freed.
+inline void drain(const std::vector<c10::intrusive_ptr<c10d::Work>>& works) {
+  for (const auto& w : works) {
+    if (!w) continue;
+    try {
+      w->wait();
+    } catch (...) {
+    }
+  }
+}
 
 // The dtype a tensor crosses hosts in: fp16/bf16 accumulate in float; integer types gloo does
 // not reduce go as a wider integer (wrap-around sums and products truncate back exactly).

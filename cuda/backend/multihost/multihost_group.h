@@ -140,6 +140,8 @@ class MultiHostGroup : public c10d::Backend {
   void allgatherRails(const char* op, const at::Tensor& inBytes, const std::vector<at::Tensor>& outBytes);
   void reduceScatterFlat(const char* op, const std::vector<at::Tensor>& inputs, const at::Tensor& out,
                          RedOp redOp, double factor);
+  void reduceScatterRails(const char* op, const std::vector<at::Tensor>& blocks, const at::Tensor& out,
+                          RedOp redOp, double factor);
   void alltoallBytes(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs, const char* op);
   void finishReduction(const at::Tensor& t, RedOp op, double factor) const;
   // A gloo tag for one op's point-to-point transfers on the global group, above the tags torch
