@@ -39,37 +39,62 @@ void MultiHostGroup::broadcastFlat(const char* op, const at::Tensor& bytes, int 
   if (host_ != rootHost) inHost(0);
 }
 
-// Even hosts, pipelined: the input goes in chunks; each chunk's rail all-gather runs while the
-// host all-gathers the chunk before it. Rail member h's block of rank (h, l) lands at slot
-// l * H + h of the host's all-gather.
+// Even hosts, pipelined: the input goes in chunks. Each chunk crosses point to point to the
+// rank's rail peers (straight from the input, into a buffer per host), and the host then
+// all-gathers every host's chunk straight into the outputs: one local all_gather per host, so
+// this host's own can start before anything has crossed and no byte is copied twice.
 void MultiHostGroup::allgatherRails(const char* op, const at::Tensor& in, const std::vector<at::Tensor>& outs) {
-  const int64_t n = in.numel(), H = layout_.hosts(), L = layout_.localSize(host_);
+  const int64_t n = in.numel(), H = layout_.hosts();
   const int64_t chunk = legs::pipelineChunk(n, 1, 1);
+  const auto& ranksOf = layout_.table.ranksOf;
+  at::Tensor arrived = scratch((H - 1) * n);
   struct Piece {
     int64_t off, len;
-    at::Tensor rail, all;
-    c10::intrusive_ptr<c10d::Work> work;
+    std::vector<at::Tensor> from;  // per host: its rail member's chunk
+    std::vector<c10::intrusive_ptr<c10d::Work>> crossing, gathered;
   };
   std::vector<Piece> pieces;
-  for (int64_t off = 0; off < n; off += chunk) {
-    Piece p{off, std::min(chunk, n - off)};
-    p.rail = at::empty({H * p.len}, in.options());
-    p.all = at::empty({L * H * p.len}, in.options());
-    at::Tensor src = in.narrow(0, off, p.len);
-    p.work = startAcross(op, *groups_.rail, myRail_, [&](c10d::Backend& g) { return g._allgather_base(p.rail, src); });
-    pieces.push_back(std::move(p));
-  }
-  for (auto& p : pieces) {
-    waitAcross(op, myRail_, p.work);
+  auto gatherInHost = [&](Piece& p, int64_t h) {
+    std::vector<std::vector<at::Tensor>> to(1);
+    for (int r : ranksOf[h]) to[0].push_back(outs[r].narrow(0, p.off, p.len));
+    std::vector<at::Tensor> from{p.from[h]};
     checkUsable(op);
-    p.work = groups_.local->_allgather_base(p.all, p.rail, c10d::AllgatherOptions());
-  }
-  for (auto& p : pieces) {
-    p.work->wait();
-    for (int r = 0; r < size_; ++r) {
-      const int64_t slot = int64_t(layout_.localIndex[r]) * H + layout_.hostOf(r);
-      outs[r].narrow(0, p.off, p.len).copy_(p.all.narrow(0, slot * p.len, p.len));
+    p.gathered.push_back(groups_.local->allgather(to, from, c10d::AllgatherOptions()));
+  };
+  pieces.reserve((n + chunk - 1) / chunk);
+  try {
+    for (int64_t off = 0; off < n; off += chunk) {
+      pieces.push_back(Piece{off, std::min(chunk, n - off)});
+      Piece& p = pieces.back();
+      const int tag = crossTag();
+      int64_t slot = 0;
+      for (int64_t h = 0; h < H; ++h) {
+        if (h == host_) {
+          p.from.push_back(in.narrow(0, off, p.len));
+          continue;
+        }
+        p.from.push_back(arrived.narrow(0, slot++ * n + off, p.len));
+        const int peer = layout_.railRank(ranksOf[h][localRank_]);
+        std::vector<at::Tensor> into{p.from.back()}, mine{in.narrow(0, off, p.len)};
+        p.crossing.push_back(startAcross(op, *groups_.rail, myRail_, [&](c10d::Backend& g) { return g.recv(into, peer, tag); }));
+        p.crossing.push_back(startAcross(op, *groups_.rail, myRail_, [&](c10d::Backend& g) { return g.send(mine, peer, tag); }));
+      }
+      gatherInHost(p, host_);
     }
+    for (auto& p : pieces) {
+      for (auto& w : p.crossing) waitAcross(op, myRail_, w);
+      for (int64_t h = 0; h < H; ++h)
+        if (h != host_) gatherInHost(p, h);
+    }
+    for (auto& p : pieces)
+      for (auto& w : p.gathered) w->wait();
+  } catch (...) {
+    // gloo and the local group may still be writing into the scratch and the outputs.
+    for (auto& p : pieces) {
+      legs::drain(p.crossing);
+      legs::drain(p.gathered);
+    }
+    throw;
   }
 }
 
