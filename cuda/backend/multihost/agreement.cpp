@@ -80,10 +80,7 @@ void MultiHostGroup::agreeOnSplits(const char* op, const std::vector<int64_t>& s
   const int tag = crossTag();
   std::vector<c10::intrusive_ptr<c10d::Work>> exchange;
   auto post = [&](bool isSend, int peer, const at::Tensor& rows) {
-    std::vector<at::Tensor> one{rows};
-    exchange.push_back(startAcross(op, *groups_.global, allRanks_, [&](c10d::Backend& g) {
-      return isSend ? g.send(one, peer, tag) : g.recv(one, peer, tag);
-    }));
+    exchange.push_back(startTransfer(op, *groups_.global, allRanks_, isSend, peer, rows, tag));
   };
   const int mySize = layout_.localSize(host_);
   for (int h = 0; h < layout_.hosts(); ++h) {

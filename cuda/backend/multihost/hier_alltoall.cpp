@@ -51,10 +51,7 @@ void MultiHostGroup::alltoallBytes(const std::vector<at::Tensor>& ins, const std
   std::vector<c10::intrusive_ptr<c10d::Work>> crossing;
   auto post = [&](bool isSend, int peer, const at::Tensor& block) {
     if (layout_.hostOf(peer) == host_ || block.numel() == 0) return;
-    std::vector<at::Tensor> one{block};
-    crossing.push_back(startAcross(op, *groups_.global, allRanks_, [&](c10d::Backend& g) {
-      return isSend ? g.send(one, peer, tag) : g.recv(one, peer, tag);
-    }));
+    crossing.push_back(startTransfer(op, *groups_.global, allRanks_, isSend, peer, block, tag));
   };
   for (int r = 0; r < size_; ++r) post(false, r, outs[r]);
   for (int r = 0; r < size_; ++r) post(true, r, ins[r]);

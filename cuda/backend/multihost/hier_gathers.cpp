@@ -75,9 +75,8 @@ void MultiHostGroup::allgatherRails(const char* op, const at::Tensor& in, const 
         }
         p.from.push_back(arrived.narrow(0, slot++ * n + off, p.len));
         const int peer = layout_.railRank(ranksOf[h][localRank_]);
-        std::vector<at::Tensor> into{p.from.back()}, mine{in.narrow(0, off, p.len)};
-        p.crossing.push_back(startAcross(op, *groups_.rail, myRail_, [&](c10d::Backend& g) { return g.recv(into, peer, tag); }));
-        p.crossing.push_back(startAcross(op, *groups_.rail, myRail_, [&](c10d::Backend& g) { return g.send(mine, peer, tag); }));
+        p.crossing.push_back(startTransfer(op, *groups_.rail, myRail_, false, peer, p.from.back(), tag));
+        p.crossing.push_back(startTransfer(op, *groups_.rail, myRail_, true, peer, in.narrow(0, off, p.len), tag));
       }
       gatherInHost(p, host_);
     }

@@ -182,9 +182,8 @@ void MultiHostGroup::reduceScatterRails(const char* op, const std::vector<at::Te
       }
       p.from.push_back(arrived.narrow(0, slot++ * n + p.off, p.len));
       const int peer = layout_.railRank(ranksOf[h][localRank_]);
-      std::vector<at::Tensor> in{p.from.back()}, toPeer{p.wide.narrow(0, h * p.len, p.len)};
-      p.crossing.push_back(startAcross(op, *groups_.rail, myRail_, [&](c10d::Backend& g) { return g.recv(in, peer, tag); }));
-      p.crossing.push_back(startAcross(op, *groups_.rail, myRail_, [&](c10d::Backend& g) { return g.send(toPeer, peer, tag); }));
+      p.crossing.push_back(startTransfer(op, *groups_.rail, myRail_, false, peer, p.from.back(), tag));
+      p.crossing.push_back(startTransfer(op, *groups_.rail, myRail_, true, peer, p.wide.narrow(0, h * p.len, p.len), tag));
     }
   };
   pieces.reserve((n + chunk - 1) / chunk);

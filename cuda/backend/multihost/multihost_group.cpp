@@ -142,6 +142,15 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::startAcross(
   }
 }
 
+c10::intrusive_ptr<c10d::Work> MultiHostGroup::startTransfer(const char* op, c10d::Backend& group,
+                                                             const std::vector<int>& members, bool isSend, int peer,
+                                                             const at::Tensor& t, int tag) {
+  return startAcross(op, group, members, [&](c10d::Backend& g) {
+    std::vector<at::Tensor> one{t};
+    return isSend ? g.send(one, peer, tag) : g.recv(one, peer, tag);
+  });
+}
+
 void MultiHostGroup::waitAcross(const char* op, const std::vector<int>& members,
                                 const c10::intrusive_ptr<c10d::Work>& work) {
   if (!work) return;

@@ -121,6 +121,9 @@ class MultiHostGroup : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> startAcross(const char* op, c10d::Backend& group, const std::vector<int>& members,
                                              const std::function<c10::intrusive_ptr<c10d::Work>(c10d::Backend&)>& leg);
   void waitAcross(const char* op, const std::vector<int>& members, const c10::intrusive_ptr<c10d::Work>& work);
+  // One point-to-point leg: send `t` to, or receive it from, `peer` (a rank of `group`).
+  c10::intrusive_ptr<c10d::Work> startTransfer(const char* op, c10d::Backend& group, const std::vector<int>& members,
+                                               bool isSend, int peer, const at::Tensor& t, int tag);
   [[noreturn]] void interHostFailed(const char* op, const std::vector<int>& members, const std::exception& e);
   void checkUsable(const char* op) const;
 
@@ -144,8 +147,8 @@ class MultiHostGroup : public c10d::Backend {
                           RedOp redOp, double factor);
   void alltoallBytes(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs, const char* op);
   void finishReduction(const at::Tensor& t, RedOp op, double factor) const;
-  // A gloo tag for one op's point-to-point transfers on the global group, above the tags torch
-  // uses there (worker thread only).
+  // A gloo tag for one op's point-to-point transfers (global or rail group), above the tags
+  // torch uses on a group (worker thread only).
   int crossTag() { return (1 << 30) | static_cast<int>(crossTags_++ & ((1u << 30) - 1)); }
   // At least `bytes` of the group's reusable scratch (worker thread only; one op at a time).
   at::Tensor scratch(int64_t bytes);
