@@ -107,6 +107,14 @@ def split_matrix(world, case, skew):
         m = torch.randint(0, 3, (world, world), generator=g)
         m[:, 0] += 40_000  # everyone sends far more to rank 0 than a staging slot holds
         return m
+    if skew in ("mixed", "mixed-large"):
+        # rank 0's blocks are all one size, every other rank's are not: rank 0 takes the
+        # even path and must find out at its first barrier that its peers did not
+        m = torch.randint(0, 9, (world, world), generator=g)
+        m[0, :] = m[:, 0] = 4 if skew == "mixed" else 40_000
+        if world > 1:
+            m[1, 1] = int(m[0, 0]) + 3
+        return m
     return torch.randint(0, 9, (world, world), generator=g)
 
 
@@ -122,7 +130,7 @@ def check_all_to_all(rank, world, algo):
             expected = torch.cat([inputs[s][rank * rows:(rank + 1) * rows] for s in range(world)])
             assert_close(out, expected, f"all_to_all_single even {dtype} rows={rows} algo={algo}")
         # uneven, zero and skewed splits
-        for skew in ("uneven", "zero", "skewed"):
+        for skew in ("uneven", "zero", "skewed", "mixed", "mixed-large"):
             case += 1
             m = split_matrix(world, case, skew)
             inputs = [make_input(r, case, int(m[r].sum()) * 2, dtype).view(-1, 2) for r in range(world)]

@@ -49,6 +49,11 @@ def mismatches(rank, world):
     msgs["splits"] = expect_error(
         lambda: dist.all_to_all_single(out, inp, output_split_sizes=osplits, input_split_sizes=[2] * world),
         "all_to_all_single", "rank 1 sends 8 bytes to rank 0 but rank 0 expects 12 bytes")
+    # every rank's blocks are even, but rank 0's are larger than its peers'
+    inp = torch.ones(world * (3 if rank == 0 else 2))
+    msgs["even"] = expect_error(lambda: dist.all_to_all_single(torch.empty_like(inp), inp),
+                                "all_to_all_single", f"rank {rank}", "rank 0 sends 12 bytes to rank 1 but rank 1 "
+                                "expects 8 bytes from rank 0")
     # local errors, raised before anything is sent
     msgs["sum"] = expect_error(
         lambda: dist.all_to_all_single(torch.empty(4), torch.ones(4), [1] * world, [3] * world),

@@ -3,6 +3,23 @@
 #include "varipath/scheduler.h"
 
 namespace hoccl {
+namespace {
+
+// Pointers and byte sizes of consecutive row blocks of a contiguous tensor (a 0-d tensor is one row).
+void rowBlocks(const at::Tensor& t, const std::vector<int64_t>& splits, std::vector<char*>& ptrs,
+               std::vector<int64_t>& bytes) {
+  const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+  const int64_t rowBytes = rows > 0 ? nbytes(t) / rows : 0;
+  char* base = rows > 0 ? ptr(t) : nullptr;
+  int64_t offset = 0;
+  for (int64_t n : splits) {
+    ptrs.push_back(base ? base + offset : nullptr);
+    bytes.push_back(n * rowBytes);
+    offset += n * rowBytes;
+  }
+}
+
+}  // namespace
 
 // Null on the flat topology: with no links to tell pairs apart there is nothing to schedule, and
 // one phase holding every pair is the plan (all_to_all is still named "varipath").
@@ -38,35 +55,13 @@ std::vector<TransferPhase> ProcessGroupHOCCL::scheduleAllToAll(const std::vector
   return phases;
 }
 
-// VarioPath's phases for a split matrix, from the cache of recent matrices when it holds it
-// (moved to the front), else planned and cached (the least recently used entry goes).
+// VarioPath's phases for a split matrix (allToAllPlan caches them with the plan).
 std::vector<TransferPhase> ProcessGroupHOCCL::varipathPhases(const std::vector<int64_t>& m) {
   std::vector<TransferPhase> phases;
-  const size_t keep = static_cast<size_t>(config_.alltoallPlanCache);
-  {
-    std::lock_guard<std::mutex> lock(scheduleMutex_);
-    for (auto it = scheduleCache_.begin(); it != scheduleCache_.end(); ++it) {
-      if (it->matrix != m) continue;
-      phases = it->phases;
-      if (it != scheduleCache_.begin()) {
-        CachedSchedule hit = std::move(*it);
-        scheduleCache_.erase(it);
-        scheduleCache_.push_front(std::move(hit));
-      }
-      ++schedulesReused_;
-      return phases;
-    }
-  }
   for (const auto& ph : scheduler_->plan(m)) {
     TransferPhase p;
     for (const auto& t : ph) p.push_back({t.src, t.dst, t.bytes});
     phases.push_back(std::move(p));
-  }
-  std::lock_guard<std::mutex> lock(scheduleMutex_);
-  ++schedulesPlanned_;
-  if (keep > 0) {
-    scheduleCache_.push_front({m, phases});
-    if (scheduleCache_.size() > keep) scheduleCache_.pop_back();
   }
   return phases;
 }
@@ -76,19 +71,130 @@ std::pair<uint64_t, uint64_t> ProcessGroupHOCCL::allToAllPlanCounts() const {
   return {schedulesPlanned_, schedulesReused_};
 }
 
-void ProcessGroupHOCCL::alltoallBlocks(const std::vector<at::Tensor>& inputs,
-                                       const std::vector<at::Tensor>& outputs, const char* opName) {
+// The plan for a split matrix, from the cache of recent matrices when it holds it (moved to the
+// front), else scheduled, built and cached (the least recently used entry goes). `published`:
+// an earlier barrier of this op already published every rank's buffer addresses.
+std::shared_ptr<const Plan> ProcessGroupHOCCL::allToAllPlan(Collective& c, const std::vector<int64_t>& matrix,
+                                                            bool published) {
+  int64_t total = 0;
+  for (int64_t v : matrix) total += v;
+  // Plan choices must agree on every rank: size them by the whole exchange, not by my part.
+  c.req.bytes = total / size_;
+  c.req.addressesPublished = published;
+  const size_t keep = static_cast<size_t>(config_.alltoallPlanCache);
+  CachedSchedule entry;
+  bool hit = false;
+  {
+    std::lock_guard<std::mutex> lock(scheduleMutex_);
+    for (auto it = scheduleCache_.begin(); it != scheduleCache_.end(); ++it) {
+      if (it->matrix != matrix) continue;
+      entry = std::move(*it);
+      scheduleCache_.erase(it);
+      hit = true;
+      ++schedulesReused_;
+      break;
+    }
+    if (!hit) ++schedulesPlanned_;
+  }
+  if (!hit) {
+    entry.matrix = matrix;
+    entry.phases = std::make_shared<const std::vector<TransferPhase>>(scheduleAllToAll(matrix));
+  }
+  std::shared_ptr<const Plan>& plan = entry.plans[published];
+  if (!plan) {
+    c.req.phases = *entry.phases;
+    Plan phased = buildPlan(c.req);
+    c.req.phases.clear();
+    std::string algo = config_.alltoall == AllToAllAlgo::Pairwise ? "pairwise"
+                       : (config_.alltoall == AllToAllAlgo::VarioPath && hasChannels_) ? "varipath"
+                                                                                             : "direct";
+    phased.algo = "alltoall/" + algo;
+    plan = std::make_shared<const Plan>(std::move(phased));
+  }
+  std::shared_ptr<const Plan> result = plan;
+  {
+    std::lock_guard<std::mutex> lock(lastAlgoMutex_);
+    lastAllToAllPhases_ = entry.phases;
+  }
+  if (keep > 0) {
+    std::lock_guard<std::mutex> lock(scheduleMutex_);
+    scheduleCache_.push_front(std::move(entry));
+    if (scheduleCache_.size() > keep) scheduleCache_.pop_back();
+  }
+  return result;
+}
+
+bool ProcessGroupHOCCL::everySplitIs(uint32_t parity, int64_t bytes) const {
+  for (int r = 0; r < size_; ++r) {
+    const int64_t* s = group_->splits(r, parity);
+    for (int k = 0; k < 2 * size_; ++k)
+      if (s[k] != bytes) return false;
+  }
+  return true;
+}
+
+namespace {
+// The first barrier of an even all_to_all found a rank whose splits are not even.
+struct PeersNotEven {};
+
+// The size of every send and receive block when they are all the same, else -1.
+int64_t evenBlockBytes(const std::vector<int64_t>& send, const std::vector<int64_t>& recv) {
+  const int64_t b = send.empty() ? 0 : send[0];
+  for (int64_t v : send)
+    if (v != b) return -1;
+  for (int64_t v : recv)
+    if (v != b) return -1;
+  return b;
+}
+}  // namespace
+
+// Every all_to_all publishes its split sizes with its first barrier. A rank whose own blocks are
+// all the same size (all_to_all_single without split lists, the usual case) assumes every rank's
+// are and runs its data plan at once, so that first barrier doubles as the split exchange: one
+// barrier less per call. If the table then shows another rank's splits are uneven, it goes on
+// with the plan of the real matrix, exactly as the uneven ranks do after their exchange barrier.
+void ProcessGroupHOCCL::runAllToAll(Collective& c) {
+  uint32_t parity = executor_->nextBarrier() & 1;
+  std::copy(c.sendBytes.begin(), c.sendBytes.end(), group_->splits(rank_, parity));
+  std::copy(c.recvBytes.begin(), c.recvBytes.end(), group_->splits(rank_, parity) + size_);
+  const int64_t block = evenBlockBytes(c.sendBytes, c.recvBytes);
+  const size_t cells = static_cast<size_t>(size_) * size_;
+  if (block >= 0) {
+    c.ctx.validate = [&](uint32_t p) {
+      validateDescriptors(c, p);
+      validateSplits(c, p);
+      if (!everySplitIs(p, block)) throw PeersNotEven{};
+    };
+    try {
+      runPlan(c, allToAllPlan(c, std::vector<int64_t>(cells, block), false));
+      return;
+    } catch (const PeersNotEven&) {
+    }
+  } else {
+    c.ctx.validate = [&](uint32_t p) {
+      validateDescriptors(c, p);
+      validateSplits(c, p);
+    };
+    PlanRequest exchange = c.req;
+    exchange.kind = OpKind::Barrier;
+    executor_->run(buildPlan(exchange), c.ctx);
+  }
+  c.ctx.validate = nullptr;
+  std::vector<int64_t> matrix(cells);
+  for (int s = 0; s < size_; ++s)
+    for (int d = 0; d < size_; ++d) matrix[s * size_ + d] = group_->splits(s, parity)[d];
+  runPlan(c, allToAllPlan(c, matrix, true));
+}
+
+void ProcessGroupHOCCL::alltoallBlocks(AllToAllBlocks blocks, c10::ScalarType dtype, const char* opName) {
   Collective c{opName};
   c.req.kind = OpKind::AllToAll;
   c.req.elemSize = 1;
-  for (int r = 0; r < size_; ++r) {
-    c.ctx.in.push_back(ptr(inputs[r]));
-    c.ctx.out.push_back(ptr(outputs[r]));
-    c.sendBytes.push_back(nbytes(inputs[r]));
-    c.recvBytes.push_back(nbytes(outputs[r]));
-    c.req.bytes += nbytes(inputs[r]);
-  }
-  c.ctx.dtype = inputs.empty() ? c10::ScalarType::Byte : inputs[0].scalar_type();
+  c.ctx.in = std::move(blocks.in);
+  c.ctx.out = std::move(blocks.out);
+  c.sendBytes = std::move(blocks.sendBytes);
+  c.recvBytes = std::move(blocks.recvBytes);
+  c.ctx.dtype = dtype;
   runCollective(c);
 }
 
@@ -100,13 +206,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::alltoall_base(at::Tensor& outp
   at::Tensor input = readableWhileWriting(userInput, {output});
   bool even = outputSplits.empty() && inputSplits.empty() && input.numel() == output.numel() &&
               input.numel() % size_ == 0 && input.scalar_type() == output.scalar_type();
-  if (auto w = tryCuda(op, c10d::OpType::ALLTOALL_BASE, {input}, {output},
-                       [&](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
-                         at::Tensor o = ho[0], i = hi[0];
-                         alltoall_base(o, i, outputSplits, inputSplits, opts);
-                       },
-                       even ? ceAllToAll(output, input) : nullptr))
-    return *w;
+  // The CUDA routing builds closures: test the device first.
+  if (input.is_cuda() || output.is_cuda()) {
+    if (auto w = tryCuda(op, c10d::OpType::ALLTOALL_BASE, {input}, {output},
+                         [&](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
+                           at::Tensor o = ho[0], i = hi[0];
+                           alltoall_base(o, i, outputSplits, inputSplits, opts);
+                         },
+                         even ? ceAllToAll(output, input) : nullptr))
+      return *w;
+  }
   checkTensor(input, op, rank_);
   checkTensor(output, op, rank_);
   TORCH_CHECK(input.scalar_type() == output.scalar_type(), "hoccl ", op, " on rank ", rank_,
@@ -135,17 +244,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::alltoall_base(at::Tensor& outp
   at::Tensor in = input.contiguous();
   Staged out(output);
   return enqueue(c10d::OpType::ALLTOALL_BASE, {output}, [this, in, out, inSplits, outSplits, op] {
-    auto blocks = [&](const at::Tensor& t, const std::vector<int64_t>& s) {
-      std::vector<at::Tensor> b;
-      auto flat = t.dim() == 0 ? t.view({1}) : t;
-      int64_t off = 0;
-      for (auto n : s) {
-        b.push_back(flat.narrow(0, off, n));
-        off += n;
-      }
-      return b;
-    };
-    alltoallBlocks(blocks(in, inSplits), blocks(out.work, outSplits), op);
+    AllToAllBlocks b;
+    rowBlocks(in, inSplits, b.in, b.sendBytes);
+    rowBlocks(out.work, outSplits, b.out, b.recvBytes);
+    alltoallBlocks(std::move(b), in.scalar_type(), op);
     out.writeBack();
   }, nbytes(input));
 }
@@ -177,9 +279,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::alltoall(std::vector<at::Tenso
     outs.emplace_back(outputs[r]);
   }
   return enqueue(c10d::OpType::ALLTOALL, outputs, [this, ins, outs, op] {
-    std::vector<at::Tensor> o;
-    for (auto& s : outs) o.push_back(s.work);
-    alltoallBlocks(ins, o, op);
+    AllToAllBlocks b;
+    for (int r = 0; r < size_; ++r) {
+      b.in.push_back(ptr(ins[r]));
+      b.sendBytes.push_back(nbytes(ins[r]));
+      b.out.push_back(ptr(outs[r].work));
+      b.recvBytes.push_back(nbytes(outs[r].work));
+    }
+    alltoallBlocks(std::move(b), ins[0].scalar_type(), op);
     for (auto& s : outs) s.writeBack();
   });
 }

@@ -12,7 +12,7 @@ struct ProcessGroupHOCCL::Collective {
   PlanRequest req;
   ExecContext ctx;
   std::vector<int64_t> sendBytes, recvBytes;  // all_to_all only
-  std::chrono::steady_clock::time_point deadline;
+  std::chrono::steady_clock::time_point start, deadline;
 };
 
 }  // namespace hoccl

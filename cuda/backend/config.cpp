@@ -1,10 +1,22 @@
 #include "backend/config.h"
 
+#include <sched.h>
+
 #include <algorithm>
 
 #include "common/config.h"
 
 namespace hoccl {
+namespace {
+
+// CPUs this process may run on (its affinity mask), at least 1.
+int cpusAllowed() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
+  return std::max(1, CPU_COUNT(&set));
+}
+
+}  // namespace
 
 HocclConfig HocclConfig::fromEnv(int world) {
   config::validateAll();
@@ -17,6 +29,8 @@ HocclConfig HocclConfig::fromEnv(int world) {
   c.crossMemoryMinBytes = config::bytes("HOCCL_CMA_MIN_BYTES");
   std::string cma = config::text("HOCCL_SHM_CMA");
   c.shm.crossMemory = cma == "auto" ? -1 : (cma == "1" || cma == "on") ? 1 : 0;
+  // Spinning pays only while every rank has a core: an oversubscribed peer needs ours to run.
+  c.shm.spinMicros = config::integer("HOCCL_SPIN_US", world <= cpusAllowed() ? 30 : 0, 0);
   c.inlineMaxBytes = config::bytes("HOCCL_INLINE_BYTES");
   c.streamingCopyMinBytes = config::bytes("HOCCL_STREAMING_COPY_BYTES");
   c.hugePageMinBytes = config::bytes("HOCCL_HUGEPAGE_MIN_BYTES");

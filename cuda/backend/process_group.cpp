@@ -65,7 +65,7 @@ std::string ProcessGroupHOCCL::lastAlgorithm() const {
 
 std::vector<TransferPhase> ProcessGroupHOCCL::lastAllToAllPhases() const {
   std::lock_guard<std::mutex> lock(lastAlgoMutex_);
-  return lastAllToAllPhases_;
+  return lastAllToAllPhases_ ? *lastAllToAllPhases_ : std::vector<TransferPhase>{};
 }
 
 }  // namespace hoccl

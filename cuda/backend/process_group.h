@@ -56,7 +56,7 @@ class ProcessGroupHOCCL : public c10d::Backend {
   std::string lastAlgorithm() const;
   // The phases the last all_to_all ran, its self-copy phase first (tests compare them).
   std::vector<TransferPhase> lastAllToAllPhases() const;
-  // all_to_all split matrices planned by VarioPath so far, and those served from the plan cache.
+  // all_to_all split matrices planned so far, and those served from the plan cache.
   std::pair<uint64_t, uint64_t> allToAllPlanCounts() const;
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
@@ -116,6 +116,10 @@ class ProcessGroupHOCCL : public c10d::Backend {
   void runTask(const c10::intrusive_ptr<WorkHOCCL>& work, const Body& body);
   void workerLoop();
   void runCollective(Collective& c);
+  void runPlan(Collective& c, const std::shared_ptr<const Plan>& plan);
+  void runAllToAll(Collective& c);
+  std::shared_ptr<const Plan> allToAllPlan(Collective& c, const std::vector<int64_t>& matrix, bool published);
+  bool everySplitIs(uint32_t parity, int64_t bytes) const;
   void promoteReusedBuffers(const Collective& c);
   void validateDescriptors(const Collective& c, uint32_t parity) const;
   void validateSplits(const Collective& c, uint32_t parity) const;
@@ -162,8 +166,12 @@ class ProcessGroupHOCCL : public c10d::Backend {
   void runSparseAllreduce(at::Tensor tensor, RedOp op);  // worker side, sparse_allreduce.cpp
   void allgatherBlocks(const at::Tensor& input, const std::vector<at::Tensor>& outputs, OpKind kind, int root);
   void reduceScatterBlocks(const std::vector<at::Tensor>& inputs, const at::Tensor& output, RedOp op, double factor);
-  void alltoallBlocks(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
-                      const char* opName);
+  // Block b of in/out goes to/comes from rank b (pointers and sizes: no sub-tensors to build).
+  struct AllToAllBlocks {
+    std::vector<char*> in, out;
+    std::vector<int64_t> sendBytes, recvBytes;
+  };
+  void alltoallBlocks(AllToAllBlocks blocks, c10::ScalarType dtype, const char* opName);
 
   std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<c10d::Store> store_;
@@ -195,13 +203,15 @@ class ProcessGroupHOCCL : public c10d::Backend {
   // shared): what a plan depends on.
   std::map<std::tuple<int, int, int64_t, int64_t, bool, bool, bool>, std::shared_ptr<const Plan>> planCache_;
   bool hasChannels_ = false;  // VarioPath was configured (names the algorithm "varipath")
-  // VarioPath plans of the most recent split matrices, most recent first, keyed by the whole
-  // matrix: equal-split all_to_all and MoE layers with a fixed capacity send the same matrix
-  // every step, and the plan is a pure function of it (every rank gets the same phases whether
-  // or not its cache holds them).
+  // all_to_all schedules and plans of the most recent split matrices, most recent first, keyed
+  // by the whole matrix: equal-split all_to_all and MoE layers with a fixed capacity send the
+  // same matrix every step, and schedule and plan are pure functions of it (every rank gets the
+  // same phases whether or not its cache holds them). Two plans per matrix: one that publishes
+  // addresses at its first barrier, one that runs after a split exchange already did.
   struct CachedSchedule {
     std::vector<int64_t> matrix;
-    std::vector<TransferPhase> phases;
+    std::shared_ptr<const std::vector<TransferPhase>> phases;
+    std::shared_ptr<const Plan> plans[2];
   };
   mutable std::mutex scheduleMutex_;
   std::deque<CachedSchedule> scheduleCache_;
@@ -209,7 +219,7 @@ class ProcessGroupHOCCL : public c10d::Backend {
   std::shared_ptr<const varipath::Scheduler> scheduler_;
   mutable std::mutex lastAlgoMutex_;
   std::string lastAlgo_;
-  std::vector<TransferPhase> lastAllToAllPhases_;  // guarded by lastAlgoMutex_
+  std::shared_ptr<const std::vector<TransferPhase>> lastAllToAllPhases_;  // guarded by lastAlgoMutex_
 };
 
 }  // namespace hoccl

@@ -24,13 +24,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allreduce(std::vector<at::Tens
   double factor;
   RedOp op = toRedOp(opts.reduceOp, &factor, "all_reduce");
   if (tensors[0].is_sparse()) return allreduceSparse(tensors, op);
-  if (auto w = tryCuda("all_reduce", c10d::OpType::ALLREDUCE, tensors, tensors,
-                       [&](const std::vector<at::Tensor>&, const std::vector<at::Tensor>& ho) {
-                         std::vector<at::Tensor> v{ho[0]};
-                         allreduce(v, opts);
-                       },
-                       tensors[0].is_complex() ? nullptr : ceAllReduce(tensors[0], op, factor)))
-    return *w;
+  // The CUDA routing builds closures: test the device first, this is the hottest entry point.
+  if (tensors[0].is_cuda()) {
+    if (auto w = tryCuda("all_reduce", c10d::OpType::ALLREDUCE, tensors, tensors,
+                         [&](const std::vector<at::Tensor>&, const std::vector<at::Tensor>& ho) {
+                           std::vector<at::Tensor> v{ho[0]};
+                           allreduce(v, opts);
+                         },
+                         tensors[0].is_complex() ? nullptr : ceAllReduce(tensors[0], op, factor)))
+      return *w;
+  }
   checkTensor(tensors[0], "all_reduce", rank_);
   checkReduceArgs(tensors[0], op, "all_reduce", rank_);
   Staged s(tensors[0]);

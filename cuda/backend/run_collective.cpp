@@ -63,6 +63,10 @@ void ProcessGroupHOCCL::validateDescriptors(const Collective& c, uint32_t parity
 }
 
 void ProcessGroupHOCCL::validateSplits(const Collective& c, uint32_t parity) const {
+  bool agree = true;  // the common case, checked without building any message
+  for (int s = 0; s < size_ && agree; ++s)
+    for (int d = 0; d < size_ && agree; ++d) agree = group_->splits(s, parity)[d] == group_->splits(d, parity)[size_ + s];
+  if (agree) return;
   std::ostringstream err;
   for (int s = 0; s < size_; ++s)
     for (int d = 0; d < size_; ++d) {
@@ -72,10 +76,8 @@ void ProcessGroupHOCCL::validateSplits(const Collective& c, uint32_t parity) con
         err << "; rank " << s << " sends " << sent << " bytes to rank " << d << " but rank " << d
             << " expects " << expected << " bytes from rank " << s;
     }
-  std::string e = err.str();
-  if (!e.empty())
-    throw std::invalid_argument(std::string("hoccl ") + c.opName + " on rank " + std::to_string(rank_) +
-                                ": split sizes disagree between senders and receivers" + e);
+  throw std::invalid_argument(std::string("hoccl ") + c.opName + " on rank " + std::to_string(rank_) +
+                              ": split sizes disagree between senders and receivers" + err.str());
 }
 
 std::shared_ptr<const Plan> ProcessGroupHOCCL::planFor(const PlanRequest& req) {
@@ -119,8 +121,8 @@ void ProcessGroupHOCCL::promoteReusedBuffers(const Collective& c) {
 }
 
 void ProcessGroupHOCCL::runCollective(Collective& c) {
-  auto start = std::chrono::steady_clock::now();
-  c.deadline = start + timeout_;
+  c.start = std::chrono::steady_clock::now();
+  c.deadline = c.start + timeout_;
   c.req.rank = rank_;
   c.req.world = size_;
   c.req.slotBytes = static_cast<int64_t>(group_->slotBytes());
@@ -140,38 +142,8 @@ void ProcessGroupHOCCL::runCollective(Collective& c) {
 
   promoteReusedBuffers(c);
 
-  std::shared_ptr<const Plan> plan;
   if (c.req.kind == OpKind::AllToAll) {
-    // First barrier: exchange split sizes (the tiny allgather) and check them.
-    uint32_t parity = executor_->nextBarrier() & 1;
-    std::copy(c.sendBytes.begin(), c.sendBytes.end(), group_->splits(rank_, parity));
-    std::copy(c.recvBytes.begin(), c.recvBytes.end(), group_->splits(rank_, parity) + size_);
-    c.ctx.validate = [&](uint32_t p) {
-      validateDescriptors(c, p);
-      validateSplits(c, p);
-    };
-    PlanRequest exchange = c.req;
-    exchange.kind = OpKind::Barrier;
-    executor_->run(buildPlan(exchange), c.ctx);
-    std::vector<int64_t> matrix(static_cast<size_t>(size_) * size_);
-    for (int s = 0; s < size_; ++s)
-      for (int d = 0; d < size_; ++d) matrix[s * size_ + d] = group_->splits(s, parity)[d];
-    c.req.phases = scheduleAllToAll(matrix);
-    {
-      std::lock_guard<std::mutex> lock(lastAlgoMutex_);
-      lastAllToAllPhases_ = c.req.phases;
-    }
-    // Plan choices must agree on every rank: size them by the whole exchange, not by my part.
-    int64_t total = 0;
-    for (int64_t v : matrix) total += v;
-    c.req.bytes = total / size_;
-    c.ctx.validate = nullptr;
-    Plan phased = buildPlan(c.req);
-    std::string algo = config_.alltoall == AllToAllAlgo::Pairwise ? "pairwise"
-                       : (config_.alltoall == AllToAllAlgo::VarioPath && hasChannels_) ? "varipath"
-                                                                                             : "direct";
-    phased.algo = "alltoall/" + algo;
-    plan = std::make_shared<const Plan>(std::move(phased));
+    runAllToAll(c);  // alltoall.cpp
   } else if (allReduceChoosesAfterPublishing(c.req)) {
     // Past the direct-read limit, staging beats cross-memory reads but not mapped reads of
     // shared tensors. One barrier publishes every rank's address and region (and checks the
@@ -185,11 +157,14 @@ void ProcessGroupHOCCL::runCollective(Collective& c) {
     c.ctx.validate = nullptr;
     c.req.addressesPublished = true;
     c.req.everyTensorShared = everyRankShared(parity, c.req.bytes);
-    plan = planFor(c.req);
+    runPlan(c, planFor(c.req));
   } else {
     c.ctx.validate = [&](uint32_t p) { validateDescriptors(c, p); };
-    plan = planFor(c.req);
+    runPlan(c, planFor(c.req));
   }
+}
+
+void ProcessGroupHOCCL::runPlan(Collective& c, const std::shared_ptr<const Plan>& plan) {
   {
     std::lock_guard<std::mutex> lock(lastAlgoMutex_);
     lastAlgo_ = plan->algo;
@@ -199,7 +174,7 @@ void ProcessGroupHOCCL::runCollective(Collective& c) {
   executor_->run(*plan, c.ctx);
   executor_->endOp();
   if (config_.debug >= 1) {
-    double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+    double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - c.start).count();
     // mapped = bytes read from peers' shared tensors (hoccl_backend.empty) through mappings
     // (process-wide counter: approximate while other groups run ops on other threads).
     std::fprintf(stderr, "[hoccl rank %d] %s #%u algo=%s transport=%s bytes=%lld mapped=%llu time=%.1f us\n",

@@ -35,6 +35,9 @@ const std::vector<Variable> kTable = {
      "a reused tensor range of this size that peers read directly goes onto transparent huge pages; 0: off"},
     {"HOCCL_STREAMING_COPY_BYTES", K::Bytes, R::Core, "1M", "",
      "copies into an op's outputs from this size use cache-bypassing stores; 0: off"},
+    {"HOCCL_SPIN_US", K::Integer, R::Core, "auto", "",
+     "microseconds a rank busy-waits at a barrier before yielding its core; auto: 30 when the group's ranks "
+     "fit the CPUs this process may run on, else 0"},
     {"HOCCL_INLINE_BYTES", K::Bytes, R::Core, "64K", "",
      "ops up to this size run on the caller's thread when nothing is queued"},
     {"HOCCL_ALLTOALL_ALGO", K::Choice, R::Core, "varipath", "varipath,direct,pairwise",

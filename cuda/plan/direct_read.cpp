@@ -72,14 +72,14 @@ Plan planDirectRead(const PlanRequest& req) {
 }
 
 // Each receiver pulls, phase by phase, the transfers the schedule assigns to it; a barrier
-// separates phases so the schedule's phases do not overlap. No leading barrier: the split-size
-// exchange that precedes every all_to_all already published the buffer addresses (one barrier
-// less per call, which costs a scheduling round trip when ranks outnumber cores).
+// separates phases so the schedule's phases do not overlap. The leading barrier publishes the
+// buffer addresses (and the split sizes), unless a split exchange of the same op already did.
 Plan planAllToAllDirectRead(const PlanRequest& req) {
   Plan p;
   p.algo = "alltoall/direct-read";
   const int W = req.world;
   std::vector<int64_t> cursor(static_cast<size_t>(W) * W, 0);
+  if (!req.addressesPublished) p.steps.push_back(Step::barrier());
   bool first = true;
   for (const auto& phase : req.phases) {
     bool any = false;

@@ -20,14 +20,29 @@ void futexWait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::micr
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
 }
 
-void waitUntil(const std::function<bool()>& ready, std::atomic<uint32_t>* word,
-               std::atomic<uint32_t>* waiters, const std::function<void()>& check) {
-  // Phase 1: a short spin catches the common case where the peer is a few hundred ns behind.
+namespace {
+// 64 pause instructions: well under a microsecond.
+bool spinBriefly(const std::function<bool()>& ready) {
   for (int i = 0; i < 64; ++i) {
-    if (ready()) return;
+    if (ready()) return true;
 #if defined(__x86_64__)
     __builtin_ia32_pause();
 #endif
+  }
+  return false;
+}
+}  // namespace
+
+void waitUntil(const std::function<bool()>& ready, std::atomic<uint32_t>* word,
+               std::atomic<uint32_t>* waiters, const std::function<void()>& check,
+               std::chrono::microseconds spin) {
+  // Phase 1: a short spin catches the common case where the peer is a few hundred ns behind;
+  // when ranks have cores of their own, keep spinning for `spin`.
+  if (spinBriefly(ready)) return;
+  if (spin.count() > 0) {
+    auto until = std::chrono::steady_clock::now() + spin;
+    while (std::chrono::steady_clock::now() < until)
+      if (spinBriefly(ready)) return;
   }
   // Phase 2: yield so an oversubscribed peer (more ranks than cores) gets the CPU.
   auto start = std::chrono::steady_clock::now();

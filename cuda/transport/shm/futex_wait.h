@@ -19,8 +19,12 @@ inline bool seqReached(uint32_t a, uint32_t b) { return static_cast<int32_t>(a -
 
 // Blocks until ready() is true. `word`/`waiters` are what the producer bumps/wakes.
 // `check` runs every few milliseconds while sleeping: it throws on timeout, abort or a dead peer.
+// `spin`: how long to busy-wait before the first yield. Worth it only while every rank has a
+// core of its own: then the peer is running and arrives within microseconds, while a yield to
+// any other runnable process costs its whole time slice.
 void waitUntil(const std::function<bool()>& ready, std::atomic<uint32_t>* word,
-               std::atomic<uint32_t>* waiters, const std::function<void()>& check);
+               std::atomic<uint32_t>* waiters, const std::function<void()>& check,
+               std::chrono::microseconds spin = std::chrono::microseconds(0));
 
 // Producer side: publish a new value and wake sleepers only when some exist (saves a syscall).
 inline void publishAndWake(std::atomic<uint32_t>* word, uint32_t value,

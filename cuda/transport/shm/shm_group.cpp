@@ -207,7 +207,7 @@ void ShmGroup::waitAll(uint32_t barrierIndex, const std::function<void(int)>& ch
     if (r == rank_) continue;
     auto& peer = control(r);
     waitUntil([&] { return seqReached(peer.seq.load(std::memory_order_acquire), barrierIndex); },
-              &peer.seq, &peer.seqWaiters, [&] { check(r); });
+              &peer.seq, &peer.seqWaiters, [&] { check(r); }, std::chrono::microseconds(cfg_.spinMicros));
   }
 }
 

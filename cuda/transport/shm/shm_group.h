@@ -47,6 +47,7 @@ struct ShmConfig {
   size_t slotBytes = 4 << 20;  // per rank, per buffer (two buffers)
   size_t ringBytes = 1 << 20;  // per ordered pair
   int crossMemory = -1;        // -1 auto (probe), 0 off, 1 required
+  int64_t spinMicros = 0;      // busy-wait this long at a barrier before yielding the core
 };
 
 // Copies `bytes` from address `remote` in process `pid` into local `dst` (process_vm_readv).
