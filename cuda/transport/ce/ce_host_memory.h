@@ -59,6 +59,23 @@ class SharedHostRegion {
   HostRegistration registration_;  // destroyed first: unregister before unmapping
 };
 
+// Pinned, device-mapped host memory private to this process, of the same kind as the staging
+// slots (a /dev/shm mapping, unlinked at once, registered like SharedHostRegion): what the sm_free
+// check copies to and from, so its D2H/H2D are the transport's. Starts zeroed.
+class PinnedHostBuffer {
+ public:
+  PinnedHostBuffer(size_t bytes, int device);
+  PinnedHostBuffer(const PinnedHostBuffer&) = delete;
+  PinnedHostBuffer& operator=(const PinnedHostBuffer&) = delete;
+
+  void* hostPtr(size_t offset = 0) const { return static_cast<char*>(segment_.data()) + offset; }
+  CUdeviceptr devicePtr(size_t offset = 0) const { return registration_.devicePtr(offset); }
+
+ private:
+  ShmSegment segment_;
+  HostRegistration registration_;  // destroyed first: unregister before unmapping
+};
+
 // RAII device allocation (cuMemAlloc) for scratch space the reduction reads from.
 class DeviceBuffer {
  public:
