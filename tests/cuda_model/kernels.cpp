@@ -188,12 +188,12 @@ void spin(const HocclSpinArgs& a, int device, int blocks, int threads) {
     const auto where = placeBlocks(device, blocks - next, threads);
     const int first = next;
     next += static_cast<int>(where.size());
-    for (int b = first; b < next; ++b) state[b].store(HOCCL_SPIN_RUNNING);
+    for (int b = first; b < next; ++b) state[b].store(HocclSpinRunning);
     const auto start = std::chrono::steady_clock::now();
-    unsigned result = HOCCL_SPIN_RELEASED;
+    unsigned result = HocclSpinReleased;
     while (release->load() == 0) {
       if (std::chrono::steady_clock::now() - start > std::chrono::nanoseconds(a.limitNs)) {
-        result = HOCCL_SPIN_TIMED_OUT;
+        result = HocclSpinTimedOut;
         break;
       }
       std::this_thread::sleep_for(std::chrono::nanoseconds(a.pollNs));

@@ -114,7 +114,7 @@ class SpinFlags {
 struct Direction {
   const char* name;
   const char* usedBy;
-  std::function<CeCopyCall(CUstream)> issue;
+  std::function<const char*(CUstream)> issue;  // returns the driver call that carried the copy
   SmCheckRow row;
   std::unique_ptr<Stream> stream;
   std::unique_ptr<Event> done;
@@ -131,15 +131,23 @@ std::vector<Direction> directions(const Buffers& m, size_t bytes) {
   const CUdeviceptr a = m.a->ptr(), b = m.b->ptr();
   void* host = m.host->hostPtr();
   std::vector<Direction> d;
-  d.push_back({"d2h", "host", [=](CUstream s) { ceCopyToHost(s, host, a, bytes); return CeCopyCall::Memcpy; }});
-  d.push_back({"h2d", "host", [=](CUstream s) { ceCopyFromHost(s, b, host, bytes); return CeCopyCall::Memcpy; }});
-  d.push_back({"d2d", "p2p", [=](CUstream s) { return ceCopyAsync(s, b, a, bytes); }});
-  d.push_back({"d2d_memcpy", "", [=](CUstream s) { return ceCopyAsync(s, b, a, bytes, false); }});
+  d.push_back({"d2h", "host", [=](CUstream s) {
+                 ceCopyToHost(s, host, a, bytes);
+                 return "cuMemcpyDtoHAsync";
+               }});
+  d.push_back({"h2d", "host", [=](CUstream s) {
+                 ceCopyFromHost(s, b, host, bytes);
+                 return "cuMemcpyHtoDAsync";
+               }});
+  // Exactly as the p2p path issues it (the hinted batch copy from CUDA 13.1, else cuMemcpyAsync).
+  d.push_back({"d2d", "p2p", [=](CUstream s) { return ceCopyCallName(ceCopyAsync(s, b, a, bytes)); }});
+  // Both variants on their own, whatever the driver version, for comparison.
+  d.push_back({"d2d_memcpy", "", [=](CUstream s) { return ceCopyCallName(ceCopyAsync(s, b, a, bytes, false)); }});
   d.push_back({"d2d_batch", "", [=](CUstream s) {
                  if (!cu::driver().cuMemcpyBatchAsync)
                    throw std::runtime_error("cuMemcpyBatchAsync is not in this driver (or it is older than cuda.h)");
                  cu::check(ceBatchCopyAsync(s, b, a, bytes), "cuMemcpyBatchAsync");
-                 return CeCopyCall::Batch;
+                 return ceCopyCallName(CeCopyCall::Batch);
                }});
   for (auto& x : d) {
     x.row.direction = x.name;
@@ -153,7 +161,7 @@ std::vector<Direction> directions(const Buffers& m, size_t bytes) {
 bool issue(Direction& d) {
   try {
     d.issuedAt = Clock::now();
-    d.row.call = ceCopyCallName(d.issue(d.stream->get()));
+    d.row.call = d.issue(d.stream->get());
     cu::check(cu::driver().cuEventRecord(d.done->get(), d.stream->get()), "cuEventRecord");
     d.pending = true;
     return true;
@@ -178,9 +186,9 @@ void warmUp(std::vector<Direction>& dirs, double deadlineS) {
 bool waitResident(const SpinFlags& flags, int blocks, double deadlineS, int* resident) {
   const auto deadline = after(deadlineS);
   for (;;) {
-    *resident = flags.count(HOCCL_SPIN_RUNNING);
+    *resident = flags.count(HocclSpinRunning);
     if (*resident == blocks) return true;
-    if (Clock::now() > deadline || flags.count(HOCCL_SPIN_TIMED_OUT) > 0) return false;
+    if (Clock::now() > deadline || flags.count(HocclSpinTimedOut) > 0) return false;
     std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
 }
@@ -198,7 +206,7 @@ void measure(Direction& d, const SpinFlags& flags, int blocks, double deadlineS)
   d.row.microseconds = microsSince(d.issuedAt);
   d.row.completed = true;
   // Only a verdict if the spinner still held every SM when the copy was seen done.
-  d.row.completedWhileSmsFull = flags.count(HOCCL_SPIN_RUNNING) == blocks;
+  d.row.completedWhileSmsFull = flags.count(HocclSpinRunning) == blocks;
   if (!d.row.completedWhileSmsFull)
     d.row.error = "the spinner no longer held every SM when the copy was seen complete (kernel time limit?)";
 }
@@ -293,7 +301,7 @@ void runWithContext(int device, const SmCheckOptions& o, SmCheckReport& rep) {
   }
   flags->release();
   const bool drained = drain(dirs, spin.get(), launched ? limitS + o.drainDeadlineS : o.drainDeadlineS, rep.errors);
-  rep.blocksTimedOut = flags->count(HOCCL_SPIN_TIMED_OUT);
+  rep.blocksTimedOut = flags->count(HocclSpinTimedOut);
   for (auto& d : dirs) rep.rows.push_back(d.row);
   if (!drained) {
     rep.errors.push_back("work still pending after the drain deadline: its memory is leaked, not freed");

@@ -21,13 +21,13 @@ extern "C" __global__ void __launch_bounds__(1024) hoccl_spin_until_flag(HocclSp
   if (threadIdx.x == 0) {
     volatile unsigned* state = a.state + blockIdx.x;
     const volatile unsigned* release = a.release;
-    *state = HOCCL_SPIN_RUNNING;
+    *state = HocclSpinRunning;
     __threadfence_system();  // the host must see "running" while we spin, not after
     const unsigned long long start = nowNs();
-    unsigned result = HOCCL_SPIN_RELEASED;
+    unsigned result = HocclSpinReleased;
     while (*release == 0) {
       if (nowNs() - start > a.limitNs) {
-        result = HOCCL_SPIN_TIMED_OUT;
+        result = HocclSpinTimedOut;
         break;
       }
       __nanosleep(a.pollNs);

@@ -3,8 +3,8 @@
 #pragma once
 
 // Per-block state words the kernel writes (host-mapped, so the host sees them while it runs).
-enum HocclSpinState { HOCCL_SPIN_NOT_STARTED = 0, HOCCL_SPIN_RUNNING = 1, HOCCL_SPIN_RELEASED = 2,
-                      HOCCL_SPIN_TIMED_OUT = 3 };
+enum HocclSpinState { HocclSpinNotStarted = 0, HocclSpinRunning = 1, HocclSpinReleased = 2,
+                      HocclSpinTimedOut = 3 };
 
 struct HocclSpinArgs {
   const unsigned* release;   // device address of a host-mapped word; nonzero: every block ends
