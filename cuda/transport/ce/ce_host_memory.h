@@ -3,7 +3,7 @@
 //
 // Why host memory: copies between device memory and pinned host memory always run on copy
 // engines, and stream memory operations on host-mapped words work between any ranks, also when
-// several ranks share one GPU (where D2D copies would run on SMs on CUDA 13.0).
+// several ranks share one GPU (where a D2D copy may run on SMs: nothing documents otherwise).
 #pragma once
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
