@@ -82,7 +82,8 @@ print(cuda_ext.cuda_module().cuda_driver_status())
 
 if [ "$CALL" = 1 ]; then
   stage "probe (register, stream_flag, ipc_copy)" 50 python3 scripts/gpu_checks.py probe --deadline 10
-  # Worst case inside: 3 s to fill the SMs, 5 copies x 0.5 s, the kernel's own limit, a 5 s drain.
+  # Worst case inside, every wait timing out: warm-up 5.5 s, 3 s to fill the SMs, 5 copies x 0.5 s,
+  # a 5 s drain, plus the torch import; normally a few seconds.
   stage "sm_free (copies while a kernel fills every SM)" 25 python3 scripts/gpu_checks.py sm_free \
     --start-deadline 3 --copy-deadline 0.5 --json "$DIR/sm_free.json"
   pytest_stage "cpu-side checks" 40 30 tests/test_cuda_build.py

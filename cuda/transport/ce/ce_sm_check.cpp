@@ -284,10 +284,8 @@ void runWithContext(int device, const SmCheckOptions& o, SmCheckReport& rep) {
   Stream spin;
   // The kernel's own limit outlasts everything the host waits for before it releases the flag.
   const double limitS = o.startDeadlineS + o.copyDeadlineS * dirs.size() + 2.0;
-  bool launched = false;
   try {
     kernel.launch(spin.get(), flags->args(limitS), shape);
-    launched = true;
     rep.smsFull = waitResident(*flags, shape.blocks(), o.startDeadlineS, &rep.blocksResident) && shape.fillsEverySm();
     if (!rep.smsFull)
       rep.errors.push_back("SMs not full: " + std::to_string(rep.blocksResident) + " of " +
@@ -300,7 +298,9 @@ void runWithContext(int device, const SmCheckOptions& o, SmCheckReport& rep) {
     rep.errors.push_back(e.what());
   }
   flags->release();
-  const bool drained = drain(dirs, spin.get(), launched ? limitS + o.drainDeadlineS : o.drainDeadlineS, rep.errors);
+  // Released blocks leave within one poll interval; a spinner that does not is reported (and
+  // still ends at its own limit), its flags leaked rather than unmapped under it.
+  const bool drained = drain(dirs, spin.get(), o.drainDeadlineS, rep.errors);
   rep.blocksTimedOut = flags->count(HocclSpinTimedOut);
   for (auto& d : dirs) rep.rows.push_back(d.row);
   if (!drained) {
