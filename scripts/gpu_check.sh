@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU-machine check of the cuda-ce transport, in two device commands that each fit one call:
 #
-#   bash scripts/gpu_check.sh 1   # <= ~560 s of stage limits: build, driver + probe, host-path CUDA tests (world 2)
+#   bash scripts/gpu_check.sh 1   # <= ~570 s of stage limits: build, driver + probe, sm_free (copies while a
+#                                 #   kernel fills every SM), host-path CUDA tests (world 2)
 #   bash scripts/gpu_check.sh 2   # <= ~280 s, right after (warm): p2p tests, zero-kernel profile,
 #                                 #   bandwidth vs raw copies, overlap benchmark
 #
@@ -80,9 +81,13 @@ print(cuda_ext.cuda_module().cuda_driver_status())
 ' || finish
 
 if [ "$CALL" = 1 ]; then
-  stage "probe (register, stream_flag, ipc_copy)" 60 python3 scripts/gpu_checks.py probe --deadline 10
+  stage "probe (register, stream_flag, ipc_copy)" 50 python3 scripts/gpu_checks.py probe --deadline 10
+  # Worst case inside, every wait timing out: warm-up 5.5 s, 3 s to fill the SMs, 5 copies x 0.5 s,
+  # a 5 s drain, plus the torch import; normally a few seconds.
+  stage "sm_free (copies while a kernel fills every SM)" 25 python3 scripts/gpu_checks.py sm_free \
+    --start-deadline 3 --copy-deadline 0.5 --json "$DIR/sm_free.json"
   pytest_stage "cpu-side checks" 40 30 tests/test_cuda_build.py
-  HOCCL_CE_PATH=host pytest_stage "host path: primitives" 120 60 tests/test_cuda_ce.py
+  HOCCL_CE_PATH=host pytest_stage "host path: primitives" 115 60 tests/test_cuda_ce.py
   HOCCL_CE_PATH=host pytest_stage "host path: collectives" 100 60 tests/test_cuda_collectives.py
 else
   HOCCL_CE_PATH=p2p pytest_stage "p2p path: primitives + collectives" 110 60 tests/test_cuda_ce.py \

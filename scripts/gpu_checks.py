@@ -2,6 +2,7 @@
 """GPU-machine checks of the cuda-ce transport, run by scripts/gpu_check.sh.
 
     python3 scripts/gpu_checks.py probe                   # what the runtime allows, item by item
+    python3 scripts/gpu_checks.py sm_free   [--device 0]  # copies finish while a kernel fills every SM
     python3 scripts/gpu_checks.py profile   [--world 2]   # zero kernels in the torch profiler
     python3 scripts/gpu_checks.py bandwidth [--world 2]   # copy-engine path vs raw cudaMemcpyAsync
 
@@ -12,6 +13,16 @@ a host-side deadline and reports OK, or the failing call with its CUresult name:
   stream_flag a cuStreamWriteValue32 in one process releasing a cuStreamWaitValue32 in another
               (host-path all_gather: its READY/DONE flags live in that shared memory)
   ipc_copy    cuIpcGetMemHandle / cuIpcOpenMemHandle and a copy through the mapping (p2p path)
+
+`sm_free` also needs no CUDA build of torch (and runs on the driver model). It proves what the
+profiler cannot: a same-device D2D copy that the driver runs as a kernel still shows as "Memcpy
+DtoD", not as a kernel. It launches hoccl_spin_until_flag with enough blocks to take every thread
+slot of every SM, waits until all of them report running, then issues each copy the transport
+makes (through its own functions) on another stream and polls an event behind it: a copy that
+completes while every SM is held ran on a copy engine. It prints one row per direction and exits
+1 if a direction the chosen path uses (HOCCL_CE_PATH, auto by default: host d2h+h2d between ranks
+on one GPU; p2p d2d, including the own-block copy of p2p collectives across GPUs) needed SMs, if
+the SMs could not be filled, or on any CUDA error; 3 without a driver.
 
 Collectives go through torch.distributed (backend "hoccl") when the core accepts CUDA tensors,
 else through the cuda-ce reference collectives (_C _CeGroup: all_gather, all_to_all,
@@ -120,7 +131,7 @@ def _rank_profile(rank, world):
         same_dev_d2d = [c for c in set(copies) if "DtoD" in str(c)]
         note = f"; memcpys {sorted(set(map(str, copies)))}"
         if same_dev_d2d:
-            note += " (DtoD on one device runs on SMs on CUDA < 13.1)"
+            note += " (DtoD on one device may run on SMs whatever the profiler says: see sm_free)"
         lines.append(f"rank {rank}: {'PASS' if good else 'FAIL'} {name}: {why}{note}")
         ok = ok and good
     return ok, lines
@@ -244,19 +255,81 @@ def probe(deadline_s: float) -> int:
     return 0 if all(ok for ok, _ in res) else 1
 
 
+# The copies each path issues, by sm_check direction. p2p's D2D into another GPU's buffer is not
+# measured here (one device); its own-block copy is the same-device d2d.
+PATH_DIRECTIONS = {"host": ("d2h", "h2d"), "p2p": ("d2d",)}
+
+
+def _paths_in_use(m, rep) -> set[str]:
+    """The paths HOCCL_CE_PATH picks for ranks on this GPU, and for ranks on a peer GPU if any."""
+    mode = os.environ.get("HOCCL_CE_PATH", "") or "auto"
+    paths = {m.ce_choose_path(mode, True, False, rep["driver_version"])}
+    if rep["peer_access"]:
+        paths.add(m.ce_choose_path(mode, False, True, rep["driver_version"]))
+    return paths
+
+
+def _sm_free_table(rep) -> list[str]:
+    lines = [f"sm_free: device {rep['device']}, driver {rep['driver_version']}, {rep['sms']} SMs x "
+             f"{rep['blocks_per_sm']} blocks x {rep['threads_per_block']} threads ({rep['max_threads_per_sm']} "
+             f"thread slots per SM; {rep['occupancy_source'] or '?'}): {rep['blocks_resident']}/{rep['blocks']} "
+             f"blocks resident, SMs full: {'yes' if rep['sms_full'] else 'NO'}, "
+             f"blocks timed out: {rep['blocks_timed_out']}"]
+    lines.append(f"{'direction':<11} {'used by':<7} {'call':<19} {'bytes':>10} {'while SMs full':<14} "
+                 f"{'us':>10}  error")
+    for r in rep["rows"]:
+        us = f"{r['microseconds']:.0f}" if r["microseconds"] >= 0 else "never"
+        verdict = "yes" if r["completed_while_sms_full"] else ("no (needed SMs)" if r["completed"] else "no")
+        lines.append(f"{r['direction']:<11} {r['used_by'] or '-':<7} {r['call'] or '-':<19} {r['bytes']:>10} "
+                     f"{verdict:<14} {us:>10}  {r['error']}")
+    lines += [f"error: {e}" for e in rep["errors"]]
+    return lines
+
+
+def sm_free(device: int, mbytes: float, start_s: float, copy_s: float, json_path: str | None) -> int:
+    from hoccl_backend import cuda_ext
+
+    m = cuda_ext.cuda_module()
+    err = m.cuda_driver_error()  # the first CUDA call: dlopen + cuInit
+    if err:
+        print(f"FAIL driver: {err}")
+        return 3
+    rep = m.sm_check(device, int(mbytes * (1 << 20)), start_s, copy_s, 5.0)
+    print("\n".join(_sm_free_table(rep)))
+    rows = {r["direction"]: r for r in rep["rows"]}
+    paths = _paths_in_use(m, rep)
+    needed = sorted({d for p in paths for d in PATH_DIRECTIONS[p]})
+    bad = [d for d in needed if d not in rows or not rows[d]["completed_while_sms_full"]]
+    ok = rep["sms_full"] and not rep["errors"] and not bad
+    print(f"{'PASS' if ok else 'FAIL'} sm_free: paths in use {sorted(paths)} (HOCCL_CE_PATH="
+          f"{os.environ.get('HOCCL_CE_PATH', '') or 'auto'}) issue {needed}; "
+          + (f"needed SMs or failed: {bad}" if bad else "all completed while every SM was held"))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(dict(rep, paths=sorted(paths), needed=needed, ok=ok), f, indent=1)
+    return 0 if ok else 1
+
+
 def main(argv=None) -> int:
     import torch
 
     from dist_utils import run_ranks
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("check", choices=["probe", "profile", "bandwidth"])
+    ap.add_argument("check", choices=["probe", "sm_free", "profile", "bandwidth"])
     ap.add_argument("--deadline", type=float, default=10.0, help="probe: seconds per wait")
+    ap.add_argument("--device", type=int, default=0, help="sm_free: the GPU")
+    ap.add_argument("--copy-mbytes", type=float, default=32.0, help="sm_free: MiB per copy")
+    ap.add_argument("--start-deadline", type=float, default=5.0, help="sm_free: seconds for the SMs to fill")
+    ap.add_argument("--copy-deadline", type=float, default=1.0, help="sm_free: seconds per copy while they are full")
+    ap.add_argument("--json", default=None, help="sm_free: also write the report here")
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--mbytes", type=float, default=256.0)
     args = ap.parse_args(argv)
     if args.check == "probe":
         return probe(args.deadline)
+    if args.check == "sm_free":
+        return sm_free(args.device, args.copy_mbytes, args.start_deadline, args.copy_deadline, args.json)
     if not torch.cuda.is_available():
         print("SKIP: no CUDA device", file=sys.stderr)
         return 2

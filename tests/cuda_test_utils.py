@@ -96,7 +96,7 @@ def build_cuda_model() -> str:
         raise RuntimeError(f"cannot build the CUDA driver model: cuda.h at {inc}, C++ compiler {cxx}")
     sources = sorted(glob.glob(os.path.join(MODEL_DIR, "*.cpp")))
     deps = sources + sorted(glob.glob(os.path.join(MODEL_DIR, "*.h"))) + [
-        os.path.join(ROOT, "cuda", "transport", "ce", "kernels", "reduce_args.h"), os.path.join(inc, "cuda.h")]
+        *sorted(glob.glob(os.path.join(ROOT, "cuda", "transport", "ce", "kernels", "*.h"))), os.path.join(inc, "cuda.h")]
     h = hashlib.sha256()
     for path in deps:
         with open(path, "rb") as f:

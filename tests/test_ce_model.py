@@ -8,8 +8,9 @@ follow cuda.h's conditions, and hoccl's reduction kernels run on the CPU. The gr
 is driven through raw-pointer hooks, so no CUDA build of torch is needed. Results are checked
 against references computed independently on the CPU (cuda_test_utils.exact_reduce).
 
-What these cannot show: copy-engine vs SM placement, real DMA timing, and the driver's
-behaviour where the documentation is silent (scripts/gpu_check.sh probes those on a GPU).
+What these cannot show: copy-engine vs SM placement on a real driver (tests/test_ce_sm_check.py
+runs the check that measures it, on this model), real DMA timing, and the driver's behaviour where
+the documentation is silent (scripts/gpu_check.sh probes those on a GPU).
 """
 from __future__ import annotations
 

@@ -14,6 +14,8 @@
 #include "transport/ce/ce_collectives.h"
 #include "transport/ce/ce_copy.h"
 #include "transport/ce/ce_reduce.h"
+#include "transport/ce/ce_sm_check.h"
+#include "transport/ce/ce_spin.h"
 #include "transport/ce/cuda_driver.h"
 
 namespace py = pybind11;
@@ -31,6 +33,50 @@ RedOp parseOp(const std::string& name) {
   return it->second;
 }
 
+// The sm_free check's report as plain Python values (printed and judged by scripts/gpu_checks.py).
+py::dict smCheck(int device, size_t bytes, double startDeadlineS, double copyDeadlineS, double drainDeadlineS) {
+  SmCheckOptions o;
+  o.bytes = bytes;
+  o.startDeadlineS = startDeadlineS;
+  o.copyDeadlineS = copyDeadlineS;
+  o.drainDeadlineS = drainDeadlineS;
+  SmCheckReport r;
+  {
+    py::gil_scoped_release nogil;
+    r = runSmCheck(device, o);
+  }
+  py::list rows;
+  for (const auto& row : r.rows) {
+    py::dict x;
+    x["direction"] = row.direction;
+    x["used_by"] = row.usedBy;
+    x["call"] = row.call;
+    x["bytes"] = row.bytes;
+    x["completed"] = row.completed;
+    x["completed_while_sms_full"] = row.completedWhileSmsFull;
+    x["microseconds"] = row.microseconds;
+    x["error"] = row.error;
+    rows.append(x);
+  }
+  py::dict d;
+  d["device"] = r.device;
+  d["driver_version"] = r.driverVersion;
+  d["spin_kernel_bytes"] = spinKernelImageBytes();
+  d["sms"] = r.sms;
+  d["threads_per_block"] = r.threadsPerBlock;
+  d["blocks_per_sm"] = r.blocksPerSm;
+  d["max_threads_per_sm"] = r.maxThreadsPerSm;
+  d["occupancy_source"] = r.occupancySource;
+  d["blocks"] = r.blocks;
+  d["blocks_resident"] = r.blocksResident;
+  d["blocks_timed_out"] = r.blocksTimedOut;
+  d["sms_full"] = r.smsFull;
+  d["peer_access"] = r.peerAccess;
+  d["rows"] = rows;
+  d["errors"] = r.errors;
+  return d;
+}
+
 const char* reduceOnName(ReduceOn r) { return r == ReduceOn::Gpu ? "gpu" : "host"; }
 
 py::dict driverStatus() {
@@ -46,7 +92,8 @@ py::dict driverStatus() {
   d["header_version"] = CUDA_VERSION;
   d["device_count"] = count;
   d["batch_memcpy"] = api.cuMemcpyBatchAsync != nullptr;
-  d["same_device_copy_engine"] = api.driverVersion >= kSameDeviceCeDriverVersion;
+  // Whether p2p copies carry the copy-engine hint; a hint proves nothing (see sm_check).
+  d["prefer_overlap_hint"] = api.cuMemcpyBatchAsync != nullptr && api.driverVersion >= kSameDeviceCeDriverVersion;
 #endif
   return d;
 }
@@ -186,6 +233,11 @@ void bindCuda(py::module& m) {
         "Loads the CUDA driver (dlopen libcuda.so.1, or $HOCCL_LIBCUDA) and returns what it found; "
         "raises RuntimeError naming the library or the missing entry point.");
   m.def("cuda_driver_error", &cu::loadError, "'' when the CUDA driver is usable, else why not (never raises).");
+  m.def("sm_check", &smCheck, py::arg("device") = 0, py::arg("bytes") = size_t(32) << 20,
+        py::arg("start_deadline_s") = 5.0, py::arg("copy_deadline_s") = 1.0, py::arg("drain_deadline_s") = 5.0,
+        "The sm_free check: fill every SM with a spin kernel, issue the transport's copies (d2h, h2d, d2d as "
+        "the p2p path issues it, d2d_memcpy, d2d_batch) and report which completed while the SMs were full. "
+        "CUDA failures are reported in the dict ('errors', rows' 'error'), never raised.");
   m.def(
       "ce_choose_path",
       [](const std::string& mode, bool sameDevice, bool canAccessPeer, int driverVersion) {

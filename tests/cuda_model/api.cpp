@@ -86,6 +86,8 @@ void count(const char* counter, long long delta) {
 
 bool hasCurrentContext() { return !contextStack.empty() && contextStack.back() != nullptr; }
 
+int currentDevice() { return hasCurrentContext() ? reinterpret_cast<Context*>(contextStack.back())->device : 0; }
+
 void fault(const std::string& why) {
   std::fprintf(stderr, "hoccl CUDA model: device fault: %s\n", why.c_str());
   std::fflush(stderr);
@@ -154,11 +156,13 @@ CUresult cuDeviceGetAttribute(int* v, CUdevice_attribute attr, CUdevice dev) {
   if (!v) return CUDA_ERROR_INVALID_VALUE;
   if (dev < 0 || dev >= deviceCount()) return CUDA_ERROR_INVALID_DEVICE;
   switch (attr) {
-    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *v = 132; break;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *v = kSmCount; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: *v = kThreadsPerSm; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR: *v = kBlocksPerSm; break;
     case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: *v = 1; break;
     case CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR: *v = 1; break;
     case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT: *v = 2; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *v = 1024; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *v = kThreadsPerBlock; break;
     default: *v = 0;  // in particular CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM: host != device address
   }
   return CUDA_SUCCESS;

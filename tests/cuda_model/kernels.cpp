@@ -1,13 +1,18 @@
-// Modules and kernels of the CPU driver model: hoccl's reduction kernels, found by name and run
-// on the stream's thread from their argument struct (transport/ce/kernels/reduce_args.h). The
-// arithmetic follows reduce.cu: rank order, 16-bit floats accumulate in float and round once to
-// nearest even, AVG/PREMUL_SUM scale after rounding to the element type.
+// Modules and kernels of the CPU driver model: hoccl's reduction kernels and the sm_free
+// check's spin kernel, found by name and run on the stream's thread from their argument struct
+// (transport/ce/kernels/reduce_args.h, spin_args.h), each holding SM slots (sms.cpp) while it
+// runs. The arithmetic follows reduce.cu: rank order, 16-bit floats accumulate in float and round
+// once to nearest even, AVG/PREMUL_SUM scale after rounding to the element type.
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "model.h"
 #include "transport/ce/kernels/reduce_args.h"
+#include "transport/ce/kernels/spin_args.h"
 
 namespace model {
 namespace {
@@ -17,9 +22,13 @@ enum class DType { Float, Double, Half, BFloat16, Char, Byte, Short, Int, Long, 
 struct Module {
   int unused = 0;
 };
+enum class Kind { Reduce, Spin };
 struct Function {
-  DType dtype;
+  Kind kind;
+  DType dtype;  // Reduce only
 };
+
+constexpr const char* kSpinName = "hoccl_spin_until_flag";
 
 float halfToFloat(uint16_t h) {
   const uint32_t sign = (h & 0x8000u) << 16;
@@ -168,6 +177,66 @@ bool dtypeNamed(const std::string& name, DType* out) {
   return false;
 }
 
+// The spin kernel, wave by wave: the blocks that fit become resident together, say so in their
+// state words, and wait (each with the kernel's time limit) for the release word; blocks that
+// did not fit start when those leave, as on a GPU.
+void spin(const HocclSpinArgs& a, int device, int blocks, int threads) {
+  auto* release = reinterpret_cast<const std::atomic<unsigned>*>(a.release);
+  auto* state = reinterpret_cast<std::atomic<unsigned>*>(a.state);
+  int next = 0;
+  while (next < blocks) {
+    const auto where = placeBlocks(device, blocks - next, threads);
+    const int first = next;
+    next += static_cast<int>(where.size());
+    for (int b = first; b < next; ++b) state[b].store(HocclSpinRunning);
+    const auto start = std::chrono::steady_clock::now();
+    unsigned result = HocclSpinReleased;
+    while (release->load() == 0) {
+      if (std::chrono::steady_clock::now() - start > std::chrono::nanoseconds(a.limitNs)) {
+        result = HocclSpinTimedOut;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::nanoseconds(a.pollNs));
+    }
+    for (int b = first; b < next; ++b) state[b].store(result);
+    releaseBlocks(device, where, threads);
+  }
+}
+
+CUresult launchSpin(int blocks, int threads, CUstream s, void** params) {
+  HocclSpinArgs a;
+  std::memcpy(&a, params[0], sizeof(a));  // documented: parameters are copied at launch
+  const int device = currentDevice();
+  count("spin_launches");
+  return enqueue(s, [a, device, blocks, threads] {
+    if (!isDevice(reinterpret_cast<CUdeviceptr>(a.release), sizeof(unsigned)))
+      fault("spin kernel reads a non-device address (release word)");
+    if (!isDevice(reinterpret_cast<CUdeviceptr>(a.state), sizeof(unsigned) * blocks))
+      fault("spin kernel writes a non-device address (state words)");
+    spin(a, device, blocks, threads);
+  });
+}
+
+CUresult launchReduce(DType t, int blocks, int threads, CUstream s, void** params) {
+  HocclReduceArgs a;
+  std::memcpy(&a, params[0], sizeof(a));  // documented: parameters are copied at launch
+  if (a.nsrc < 1 || a.nsrc > HOCCL_REDUCE_MAX_SRCS || a.count < 0) return CUDA_ERROR_INVALID_VALUE;
+  const int device = currentDevice();
+  count("kernel_launches");
+  return enqueue(s, [t, a, device, blocks, threads] {
+    const size_t bytes = static_cast<size_t>(a.count) * elementSize(t);
+    // A kernel touching memory the device cannot address faults the context.
+    if (!isDevice(reinterpret_cast<CUdeviceptr>(a.dst), bytes)) fault("reduction kernel writes a non-device address");
+    for (int k = 0; k < a.nsrc; ++k)
+      if (!isDevice(reinterpret_cast<CUdeviceptr>(a.src[k]), bytes))
+        fault("reduction kernel reads a non-device address (source " + std::to_string(k) + ")");
+    // The arithmetic runs once its (first wave of) blocks is resident.
+    const auto where = placeBlocks(device, blocks, threads);
+    run(t, a);
+    releaseBlocks(device, where, threads);
+  });
+}
+
 }  // namespace
 }  // namespace model
 
@@ -196,31 +265,35 @@ CUresult cuModuleUnload(CUmodule module) {
 
 CUresult cuModuleGetFunction(CUfunction* f, CUmodule module, const char* name) {
   if (!f || !module || !name) return CUDA_ERROR_INVALID_VALUE;
+  if (std::string(name) == kSpinName) {
+    *f = reinterpret_cast<CUfunction>(new Function{Kind::Spin, DType::Float});
+    return CUDA_SUCCESS;
+  }
   DType t;
   if (!dtypeNamed(name, &t)) return CUDA_ERROR_NOT_FOUND;
-  *f = reinterpret_cast<CUfunction>(new Function{t});
+  *f = reinterpret_cast<CUfunction>(new Function{Kind::Reduce, t});
   return CUDA_SUCCESS;
 }
 
 CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                         unsigned sharedBytes, CUstream s, void** params, void** extra) {
   if (!f) return CUDA_ERROR_INVALID_HANDLE;
-  if (gx * gy * gz == 0 || bx * by * bz == 0 || bx * by * bz > 1024 || !params || extra)
+  // Documented limits: blocks of at most MAX_THREADS_PER_BLOCK threads.
+  if (gx * gy * gz == 0 || bx * by * bz == 0 || bx * by * bz > kThreadsPerBlock || !params || extra)
     return CUDA_ERROR_INVALID_VALUE;
-  const DType t = reinterpret_cast<Function*>(f)->dtype;
-  HocclReduceArgs a;
-  std::memcpy(&a, params[0], sizeof(a));  // documented: parameters are copied at launch
-  if (a.nsrc < 1 || a.nsrc > HOCCL_REDUCE_MAX_SRCS || a.count < 0) return CUDA_ERROR_INVALID_VALUE;
-  count("kernel_launches");
-  return enqueue(s, [t, a] {
-    const size_t bytes = static_cast<size_t>(a.count) * elementSize(t);
-    // A kernel touching memory the device cannot address faults the context.
-    if (!isDevice(reinterpret_cast<CUdeviceptr>(a.dst), bytes)) fault("reduction kernel writes a non-device address");
-    for (int k = 0; k < a.nsrc; ++k)
-      if (!isDevice(reinterpret_cast<CUdeviceptr>(a.src[k]), bytes))
-        fault("reduction kernel reads a non-device address (source " + std::to_string(k) + ")");
-    run(t, a);
-  });
+  const Function* fn = reinterpret_cast<Function*>(f);
+  const int blocks = static_cast<int>(gx * gy * gz);
+  const int threads = static_cast<int>(bx * by * bz);
+  if (fn->kind == Kind::Spin) return launchSpin(blocks, threads, s, params);
+  return launchReduce(fn->dtype, blocks, threads, s, params);
+}
+
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int* numBlocks, CUfunction f, int blockSize, size_t smem) {
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!numBlocks || !f || blockSize < 1 || blockSize > kThreadsPerBlock || smem != 0) return CUDA_ERROR_INVALID_VALUE;
+  // The model's kernels use no shared memory and few registers: thread and block slots decide.
+  *numBlocks = std::min(kBlocksPerSm, kThreadsPerSm / blockSize);
+  return CUDA_SUCCESS;
 }
 
 }  // extern "C"

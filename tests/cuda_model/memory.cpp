@@ -76,6 +76,31 @@ bool isDevice(CUdeviceptr p, size_t bytes) {
   return false;
 }
 
+bool isDeviceMemory(CUdeviceptr p, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu);
+  return within(allocations, p, bytes) || within(ipcMappings, p, bytes);
+}
+
+namespace {
+
+// A copy as a kernel (HOCCL_MODEL_D2D_ON_SMS): it runs once one block fits on the SMs of the
+// device it was issued on, and holds that block while it copies.
+std::function<void()> onSms(std::function<void()> copy) {
+  const int device = currentDevice();
+  return [device, copy] {
+    auto where = placeBlocks(device, 1, 256);
+    copy();
+    releaseBlocks(device, where, 256);
+  };
+}
+
+bool needsSms(const void* dst, const void* src, size_t bytes) {
+  return d2dOnSms() && isDeviceMemory(reinterpret_cast<CUdeviceptr>(dst), bytes) &&
+         isDeviceMemory(reinterpret_cast<CUdeviceptr>(src), bytes);
+}
+
+}  // namespace
+
 bool isPinnedHost(const void* ptr, size_t bytes) {
   auto p = reinterpret_cast<uintptr_t>(ptr);
   std::lock_guard<std::mutex> lock(mu);
@@ -103,7 +128,8 @@ CUresult copyAsync(void* dst, const void* src, size_t bytes, CUstream s, bool ds
                                                       static_cast<const char*>(src) + bytes);
     return enqueue(s, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); });
   }
-  return enqueue(s, [dst, src, bytes] { std::memmove(dst, src, bytes); });
+  std::function<void()> copy = [dst, src, bytes] { std::memmove(dst, src, bytes); };
+  return enqueue(s, needsSms(dst, src, bytes) ? onSms(copy) : copy);
 }
 
 }  // namespace model
@@ -347,20 +373,23 @@ CUresult cuMemcpyBatchAsync(CUdeviceptr* dsts, CUdeviceptr* srcs, size_t* sizes,
   }
   std::vector<std::pair<CUdeviceptr, CUdeviceptr>> ends;
   std::vector<size_t> lens(sizes, sizes + n);
+  bool kernel = false;  // the overlap flag is a hint: with HOCCL_MODEL_D2D_ON_SMS it is ignored
   for (size_t i = 0; i < n; ++i) {
     const bool hostOnly = !isDevice(dsts[i], sizes[i]) && !isDevice(srcs[i], sizes[i]);
     if (hostOnly) return CUDA_ERROR_INVALID_VALUE;
     ends.emplace_back(dsts[i], srcs[i]);
+    kernel = kernel || needsSms(reinterpret_cast<void*>(dsts[i]), reinterpret_cast<void*>(srcs[i]), sizes[i]);
   }
   count("batch_copies", static_cast<long long>(n));
   // Documented: no order within a batch, so the model runs the copies in a random order.
-  return enqueue(s, [ends, lens] {
+  std::function<void()> batch = [ends, lens] {
     std::vector<size_t> order(ends.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
     std::shuffle(order.begin(), order.end(), std::mt19937(static_cast<unsigned>(lens.size() * 2654435761u)));
     for (size_t i : order)
       std::memmove(reinterpret_cast<void*>(ends[i].first), reinterpret_cast<const void*>(ends[i].second), lens[i]);
-  });
+  };
+  return enqueue(s, kernel ? onSms(batch) : batch);
 }
 
 }  // extern "C"

@@ -14,11 +14,16 @@
 //    (cyclic GEQ, EQ, AND, NOR);
 //  * pageable host memory follows the documented copy rules (D2H returns when done, H2D returns
 //    once the source was staged);
-//  * the only kernels are hoccl's reductions, found by name and run on the CPU from their
-//    argument struct.
+//  * the only kernels are hoccl's reductions and the sm_free check's spin kernel, found by name
+//    and run on the CPU from their argument struct;
+//  * each device has SMs with thread and block slots (the device attributes): a kernel's blocks
+//    hold slots while they run and wait for free ones, as resident blocks do on a GPU.
 // Knobs (environment): HOCCL_MODEL_DRIVER_VERSION (13000), HOCCL_MODEL_DEVICES (1),
 // HOCCL_MODEL_MAX_DELAY_US (200), HOCCL_MODEL_SEED, HOCCL_MODEL_FAIL_<WHAT>=<CUresult number>
-// for REGISTER, IPC_GET, IPC_OPEN, MEMOPS, INIT (failure injection).
+// for REGISTER, IPC_GET, IPC_OPEN, MEMOPS, INIT (failure injection), and
+// HOCCL_MODEL_D2D_ON_SMS=1: same-device device-to-device copies run as a kernel (one block on the
+// SMs), which the documentation allows (it never promises a copy engine for them and calls the
+// batch-copy overlap flag a hint); default 0: they run on a copy engine like every other copy.
 #pragma once
 #include <cuda.h>
 
@@ -29,6 +34,7 @@
 #include <functional>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace model {
 
@@ -41,6 +47,20 @@ void count(const char* counter, long long delta = 1);
 // Entry points that need a current context return CUDA_ERROR_INVALID_CONTEXT without one.
 bool hasCurrentContext();
 [[noreturn]] void fault(const std::string& why);  // an asynchronous device fault: abort loudly
+
+// ---- devices and SMs ------------------------------------------------------------------------
+constexpr int kSmCount = 132;
+constexpr int kThreadsPerSm = 2048;
+constexpr int kBlocksPerSm = 32;
+constexpr int kThreadsPerBlock = 1024;
+// The device of the calling thread's current context (0 without one).
+int currentDevice();
+// Places up to `blocks` blocks of `threads` threads on `device`'s SMs, waiting until at least one
+// fits; returns the SM of each resident block (give them back with releaseBlocks).
+std::vector<int> placeBlocks(int device, int blocks, int threads);
+void releaseBlocks(int device, const std::vector<int>& sms, int threads);
+// HOCCL_MODEL_D2D_ON_SMS: same-device D2D copies need an SM block.
+bool d2dOnSms();
 
 // ---- streams -------------------------------------------------------------------------------
 class Stream {
@@ -72,6 +92,9 @@ void randomDelay();
 // True when [p, p + bytes) lies inside one device-addressable range: a cuMemAlloc allocation,
 // an opened IPC mapping, or the device alias of a registered host range.
 bool isDevice(CUdeviceptr p, size_t bytes);
+// True for device memory proper: a cuMemAlloc allocation or an opened IPC mapping (not host memory
+// mapped for the device).
+bool isDeviceMemory(CUdeviceptr p, size_t bytes);
 // True when [p, p + bytes) lies inside one registered (page-locked) host range, by host address.
 bool isPinnedHost(const void* p, size_t bytes);
 // Enqueues a copy with the documented pageable-memory rules; both ends already validated.

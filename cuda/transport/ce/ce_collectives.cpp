@@ -199,15 +199,13 @@ void CeGroup::publishReady(CUstream s, uint32_t round) {
 void CeGroup::consume(CUstream s, int from, uint32_t round, size_t slotOffset, CUdeviceptr dst, size_t len) {
   const int slot = static_cast<int>((round - 1) % 2);
   if (from != rank_) flags(kReady).wait(s, from, round);
-  cu::check(cu::driver().cuMemcpyHtoDAsync(dst, staging_->hostSlot(from, slot, slotOffset), len, s),
-            "cuMemcpyHtoDAsync");
+  ceCopyFromHost(s, dst, staging_->hostSlot(from, slot, slotOffset), len);
   if (from != rank_) flags(kDone).signal(s, from, round);
 }
 
 void CeGroup::stageOut(CUstream s, uint32_t round, size_t slotOffset, CUdeviceptr src, size_t len) {
   const int slot = static_cast<int>((round - 1) % 2);
-  cu::check(cu::driver().cuMemcpyDtoHAsync(staging_->hostSlot(rank_, slot, slotOffset), src, len, s),
-            "cuMemcpyDtoHAsync");
+  ceCopyToHost(s, staging_->hostSlot(rank_, slot, slotOffset), src, len);
 }
 
 void CeGroup::allGather(CUstream stream, CUdeviceptr out, CUdeviceptr in, size_t bytes) {

@@ -20,11 +20,19 @@ CePathMode cePathModeFromEnv() {
 
 const char* cePathName(CePath p) { return p == CePath::P2P ? "p2p" : "host"; }
 
-CePath choosePath(CePathMode mode, bool sameDevice, bool canAccessPeer, int driverVersion) {
+CePath choosePath(CePathMode mode, bool sameDevice, bool canAccessPeer, int /*driverVersion*/) {
   if (mode == CePathMode::P2P) return CePath::P2P;  // forced: IPC works on one device too
   if (mode == CePathMode::Host) return CePath::Host;
-  if (sameDevice) return driverVersion >= kSameDeviceCeDriverVersion ? CePath::P2P : CePath::Host;
+  if (sameDevice) return CePath::Host;  // same-device D2D may run on SMs on any driver
   return canAccessPeer ? CePath::P2P : CePath::Host;
+}
+
+const char* ceCopyCallName(CeCopyCall c) {
+  switch (c) {
+    case CeCopyCall::Memcpy: return "cuMemcpyAsync";
+    case CeCopyCall::Batch: return "cuMemcpyBatchAsync";
+    default: return "none";
+  }
 }
 
 #ifdef HOCCL_WITH_CUDA
@@ -54,25 +62,34 @@ int ordinalOfBusId(const std::string& busId) {
   return -1;
 }
 
-bool batchCopy(CUstream stream, CUdeviceptr dst, CUdeviceptr src, size_t bytes) {
+}  // namespace
+
+CUresult ceBatchCopyAsync(CUstream stream, CUdeviceptr dst, CUdeviceptr src, size_t bytes) {
   const auto& api = cu::driver();
-  if (!api.cuMemcpyBatchAsync) return false;
+  if (!api.cuMemcpyBatchAsync) return CUDA_ERROR_NOT_SUPPORTED;
   CUmemcpyAttributes attr{};
   attr.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;  // ordinary stream semantics
   attr.flags = CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE;
   size_t attrIdx = 0;
-  return api.cuMemcpyBatchAsync(&dst, &src, &bytes, 1, &attr, &attrIdx, 1, stream) == CUDA_SUCCESS;
+  return api.cuMemcpyBatchAsync(&dst, &src, &bytes, 1, &attr, &attrIdx, 1, stream);
 }
 
-}  // namespace
-
-void ceCopyAsync(CUstream stream, CUdeviceptr dst, CUdeviceptr src, size_t bytes, bool preferCopyEngine) {
-  if (bytes == 0) return;
-  // The hint only matters (and is only honoured) from CUDA 13.1; fall back on any refusal.
+CeCopyCall ceCopyAsync(CUstream stream, CUdeviceptr dst, CUdeviceptr src, size_t bytes, bool preferCopyEngine) {
+  if (bytes == 0) return CeCopyCall::None;
+  // The hint exists from CUDA 13.1; fall back on any refusal.
   if (preferCopyEngine && cu::driver().driverVersion >= kSameDeviceCeDriverVersion &&
-      batchCopy(stream, dst, src, bytes))
-    return;
+      ceBatchCopyAsync(stream, dst, src, bytes) == CUDA_SUCCESS)
+    return CeCopyCall::Batch;
   cu::check(cu::driver().cuMemcpyAsync(dst, src, bytes, stream), "cuMemcpyAsync");
+  return CeCopyCall::Memcpy;
+}
+
+void ceCopyToHost(CUstream stream, void* hostDst, CUdeviceptr src, size_t bytes) {
+  cu::check(cu::driver().cuMemcpyDtoHAsync(hostDst, src, bytes, stream), "cuMemcpyDtoHAsync");
+}
+
+void ceCopyFromHost(CUstream stream, CUdeviceptr dst, const void* hostSrc, size_t bytes) {
+  cu::check(cu::driver().cuMemcpyHtoDAsync(dst, hostSrc, bytes, stream), "cuMemcpyHtoDAsync");
 }
 
 std::vector<PeerInfo> discoverPeers(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix,

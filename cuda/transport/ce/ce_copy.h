@@ -2,12 +2,13 @@
 //
 // Two paths, chosen per peer pair:
 //  * host: D2H into a pinned, shared host staging slot, then the peer copies H2D out of it.
-//    Host<->device copies of pinned memory always run on copy engines, for any pair of ranks,
-//    including several ranks on one GPU.
-//  * p2p:  one D2D copy between CUDA-IPC-mapped buffers. Copy engine only across devices with
-//    peer access; same-device D2D copies run on SMs unless the driver honours
-//    CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE (a hint, honoured from CUDA 13.1), so `auto` avoids p2p
-//    between ranks on one GPU on older drivers.
+//    Host<->device copies of pinned memory run on copy engines, for any pair of ranks, including
+//    several ranks on one GPU (scripts/gpu_checks.py sm_free verifies it on a GPU).
+//  * p2p:  one D2D copy between CUDA-IPC-mapped buffers. A same-device D2D copy may be a kernel
+//    on the SMs: the driver documents that device-to-device copies may use kernels, and
+//    CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE (CUDA >= 13.1, sent through cuMemcpyBatchAsync)
+//    is only a hint. Nothing proves it runs on a copy engine, so `auto` never takes p2p between
+//    ranks on one GPU.
 // HOCCL_CE_PATH=auto|p2p|host overrides the choice for every pair.
 #pragma once
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -30,20 +31,34 @@ CePathMode cePathModeFromEnv();
 CePathMode parseCePathMode(const std::string& value);
 const char* cePathName(CePath p);
 
-// Driver version from which same-device D2D copies can be put on a copy engine.
+// Driver version from which copies carry the copy-engine hint (a hint: the driver may ignore it).
 constexpr int kSameDeviceCeDriverVersion = 13010;
 
-// The pure decision (unit-tested on CPU): forced modes win; auto takes p2p only where the
-// D2D copy runs on a copy engine.
+// The pure decision (unit-tested on CPU): forced modes win; auto takes p2p only between
+// different GPUs with peer access. Between ranks on one GPU auto takes host on every driver:
+// the same-device D2D copy is not proven to use a copy engine (the hint may be ignored), while
+// D2H and H2D of pinned memory are. `driverVersion` is kept for callers and reports only.
 CePath choosePath(CePathMode mode, bool sameDevice, bool canAccessPeer, int driverVersion);
 
 #ifdef HOCCL_WITH_CUDA
 
+// Which driver call carried a copy (the sm_free check reports it next to the result).
+enum class CeCopyCall : int8_t { None, Memcpy, Batch };
+const char* ceCopyCallName(CeCopyCall c);
+
 // Enqueues a D2D/D2H/H2D copy on `stream` (unified addressing: cuMemcpyAsync infers the
-// direction). With preferCopyEngine and a driver that has cuMemcpyBatchAsync, the copy carries
-// CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE, which moves same-device copies onto a copy engine
-// on CUDA >= 13.1 (a hint; ignored before).
-void ceCopyAsync(CUstream stream, CUdeviceptr dst, CUdeviceptr src, size_t bytes, bool preferCopyEngine = true);
+// direction): the p2p path's copies. With preferCopyEngine on a driver >= 13.1 that has
+// cuMemcpyBatchAsync, the copy carries CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE (a hint that
+// asks for a copy engine; the driver may ignore it). Returns the call that carried it.
+CeCopyCall ceCopyAsync(CUstream stream, CUdeviceptr dst, CUdeviceptr src, size_t bytes, bool preferCopyEngine = true);
+
+// The batch variant alone, whatever the driver version: one cuMemcpyBatchAsync with the hint.
+// Returns its CUresult (CUDA_ERROR_NOT_SUPPORTED when the driver lacks the entry point).
+CUresult ceBatchCopyAsync(CUstream stream, CUdeviceptr dst, CUdeviceptr src, size_t bytes);
+
+// The host path's copies: D2H into pinned host staging, H2D out of it (copy engines).
+void ceCopyToHost(CUstream stream, void* hostDst, CUdeviceptr src, size_t bytes);
+void ceCopyFromHost(CUstream stream, CUdeviceptr dst, const void* hostSrc, size_t bytes);
 
 // What every rank learns about every other rank's GPU, once per group.
 struct PeerInfo {

@@ -91,6 +91,11 @@ SharedHostRegion::SharedHostRegion(const c10::intrusive_ptr<c10d::Store>& store,
   }
 }
 
+PinnedHostBuffer::PinnedHostBuffer(size_t bytes, int device) : segment_(ShmSegment::create(pageAlign(bytes))) {
+  segment_.unlink();  // private: no other process needs the name
+  registration_ = HostRegistration(segment_.data(), segment_.size(), device);
+}
+
 DeviceBuffer::DeviceBuffer(size_t bytes, int device) : device_(device) {
   cu::ContextGuard guard(device);
   cu::check(cu::driver().cuMemAlloc(&ptr_, bytes), "cuMemAlloc");

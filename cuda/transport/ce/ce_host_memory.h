@@ -3,7 +3,7 @@
 //
 // Why host memory: copies between device memory and pinned host memory always run on copy
 // engines, and stream memory operations on host-mapped words work between any ranks, also when
-// several ranks share one GPU (where D2D copies would run on SMs on CUDA 13.0).
+// several ranks share one GPU (where a D2D copy may run on SMs: nothing documents otherwise).
 #pragma once
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -51,6 +51,23 @@ class SharedHostRegion {
   SharedHostRegion& operator=(const SharedHostRegion&) = delete;
 
   size_t size() const { return segment_.size(); }
+  void* hostPtr(size_t offset = 0) const { return static_cast<char*>(segment_.data()) + offset; }
+  CUdeviceptr devicePtr(size_t offset = 0) const { return registration_.devicePtr(offset); }
+
+ private:
+  ShmSegment segment_;
+  HostRegistration registration_;  // destroyed first: unregister before unmapping
+};
+
+// Pinned, device-mapped host memory private to this process, of the same kind as the staging
+// slots (a /dev/shm mapping, unlinked at once, registered like SharedHostRegion): what the sm_free
+// check copies to and from, so its D2H/H2D are the transport's. Starts zeroed.
+class PinnedHostBuffer {
+ public:
+  PinnedHostBuffer(size_t bytes, int device);
+  PinnedHostBuffer(const PinnedHostBuffer&) = delete;
+  PinnedHostBuffer& operator=(const PinnedHostBuffer&) = delete;
+
   void* hostPtr(size_t offset = 0) const { return static_cast<char*>(segment_.data()) + offset; }
   CUdeviceptr devicePtr(size_t offset = 0) const { return registration_.devicePtr(offset); }
 

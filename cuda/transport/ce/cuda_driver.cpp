@@ -94,12 +94,13 @@ struct Loader {
     HOCCL_CU_REQUIRED(HOCCL_CU_RESOLVE_REQUIRED)
 #undef HOCCL_CU_RESOLVE_REQUIRED
     // cuMemcpyBatchAsync changed its prototype in CUDA 13; only take the one cuda.h declares.
-    if (requestVersion >= CUDA_VERSION) {
 #define HOCCL_CU_RESOLVE_OPTIONAL(name) \
   api.name = reinterpret_cast<decltype(api.name)>(resolve(#name, HOCCL_STR(name)));
+    if (requestVersion >= CUDA_VERSION) {
       HOCCL_CU_OPTIONAL(HOCCL_CU_RESOLVE_OPTIONAL)
-#undef HOCCL_CU_RESOLVE_OPTIONAL
     }
+    HOCCL_CU_OPTIONAL_STABLE(HOCCL_CU_RESOLVE_OPTIONAL)
+#undef HOCCL_CU_RESOLVE_OPTIONAL
     if (missing.empty()) return "";
     std::string list;
     for (const auto& m : missing) list += (list.empty() ? "" : ", ") + m;

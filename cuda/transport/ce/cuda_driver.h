@@ -49,13 +49,19 @@ std::string loadError();
   X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventSynchronize)          \
   X(cuEventQuery) X(cuEventElapsedTime)
 
-// Present only on newer drivers; null when absent (callers check).
+// Present only on newer drivers; null when absent (callers check). Resolved only when the driver
+// is at least as new as cuda.h, because the prototype changed between major versions.
 #define HOCCL_CU_OPTIONAL(X) X(cuMemcpyBatchAsync)
+
+// Optional with a prototype that never changed: resolved from any driver; null when absent. Only
+// the sm_free check uses them, so a driver without them still runs the transport.
+#define HOCCL_CU_OPTIONAL_STABLE(X) X(cuOccupancyMaxActiveBlocksPerMultiprocessor)
 
 struct DriverApi {
 #define HOCCL_CU_MEMBER(name) decltype(&::name) name = nullptr;
   HOCCL_CU_REQUIRED(HOCCL_CU_MEMBER)
   HOCCL_CU_OPTIONAL(HOCCL_CU_MEMBER)
+  HOCCL_CU_OPTIONAL_STABLE(HOCCL_CU_MEMBER)
 #undef HOCCL_CU_MEMBER
   int driverVersion = 0;  // e.g. 13000 for CUDA 13.0 (driver 580)
   std::string libraryPath;
