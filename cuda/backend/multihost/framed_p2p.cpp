@@ -1,5 +1,7 @@
 #include "backend/multihost/framed_p2p.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 
 #include "backend/multihost/legs.h"
@@ -188,6 +190,7 @@ c10::intrusive_ptr<c10d::Work> FramedP2P::recv(const at::Tensor& user, int src, 
 }
 
 void FramedP2P::listen() {
+  pthread_setname_np(pthread_self(), "hoccl-p2p");  // findable in /proc/<pid>/task/*/comm
   while (true) {
     at::Tensor raw = at::empty({kHeaderWords}, at::kLong);
     c10::intrusive_ptr<c10d::Work> work;
