@@ -232,7 +232,29 @@ def send_recv_sizes_across_hosts(rank, world):
     t = torch.ones(5)
     dist.all_reduce(t)
     seen["all_reduce after"] = ("ok", t.tolist(), 0.0)
+    seen["listeners"] = ("ok", _listeners(), 0.0)
+    from hoccl_backend._registration import _create  # a second group's listener ends with it
+
+    pg = _create(dist.PrefixStore("p2p", dist.distributed_c10d._get_default_store()), rank, world,
+                 timedelta(seconds=30))
+    t = torch.zeros(3)
+    (pg.send([torch.ones(3)], peer, 0) if rank == 0 else pg.recv([t], peer, 0)).wait()
+    during = _listeners()
+    pg.shutdown()
+    seen["second group"] = ("ok", (t.tolist(), during, _listeners()), 0.0)
     return seen
+
+
+def _listeners():
+    """This process's hoccl send/recv listener threads."""
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:
+            pass
+    return names.count("hoccl-p2p")
 
 
 def test_send_recv_size_mismatch_across_hosts_raises_on_the_receiver():
@@ -254,6 +276,10 @@ def test_send_recv_size_mismatch_across_hosts_raises_on_the_receiver():
         assert seen["all_reduce after"][1] == [2.0] * 5
     assert receiver["after, non-contiguous recv"][1] is True
     assert receiver["tags out of order"][1] == (True, True)
+    for rank, seen in enumerate(results):  # one listener per group that received, none after shutdown
+        assert seen["listeners"][1] == 1, f"rank {rank}: {seen['listeners']}"
+        assert seen["second group"][1][1:] == (1 + rank, 1), f"rank {rank}: {seen['second group']}"
+    assert receiver["second group"][1][0] == [1.0] * 3
     error, late = receiver["timeout withdraws"][1]
     assert "no message from rank 0 with tag 5 within the timeout of 1000 ms" in error and late, error
     print({name: value[1] for name, value in receiver.items()})
