@@ -3,6 +3,7 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "backend/multihost/legs.h"
 #include "backend/tensor_args.h"
@@ -13,7 +14,10 @@ namespace {
 
 constexpr int kHeaderSlot = 0;
 constexpr uint32_t kPayloadSlots = (1u << 31) - 2;  // slots 1..2^31-2: gloo tags are int
-constexpr int64_t kHeaderWords = 5;
+constexpr int64_t kHeaderBytes = 5 * sizeof(int64_t);
+// A payload this small rides in its header's message (slot 0 in the header says so): one gloo
+// handshake instead of two. gloo short-fills the listener's larger recv buffer.
+constexpr int64_t kInlineBytes = 16 << 10;
 // The listener waits for the next header as long as the group lives: a gloo wait that expires
 // breaks the whole gloo context, and idling is no fault.
 constexpr std::chrono::milliseconds kForever = std::chrono::hours(24 * 365);
@@ -151,16 +155,18 @@ c10::intrusive_ptr<c10d::Work> FramedP2P::post(bool isSend, const at::Tensor& t,
 c10::intrusive_ptr<c10d::Work> FramedP2P::send(const at::Tensor& t, int dst, int tag) {
   at::Tensor payload = t.contiguous();
   const int64_t bytes = nbytes(payload);
+  const bool inlined = bytes <= kInlineBytes;
+  at::Tensor frame = at::empty({kHeaderBytes + (inlined ? bytes : 0)}, at::kByte);
+  if (inlined && bytes > 0) std::memcpy(frame.data_ptr<uint8_t>() + kHeaderBytes, payload.data_ptr(), bytes);
   c10::intrusive_ptr<c10d::Work> header, body;
   {
     // One lock for both, so that no other message of this rank slips between them.
     std::lock_guard<std::mutex> lock(postMutex_);
-    const int slot = 1 + static_cast<int>(sent_[dst]++ % kPayloadSlots);
-    at::Tensor h = at::tensor(std::vector<int64_t>{tag, slot, bytes, static_cast<int64_t>(payload.scalar_type()),
-                                                   payload.numel()},
-                              at::kLong);
-    header = post(true, h, dst, kHeaderSlot);
-    if (bytes > 0) body = post(true, legs::bytesOf(payload), dst, slot);
+    const int slot = inlined ? 0 : 1 + static_cast<int>(sent_[dst]++ % kPayloadSlots);
+    const int64_t words[] = {tag, slot, bytes, static_cast<int64_t>(payload.scalar_type()), payload.numel()};
+    std::memcpy(frame.data_ptr<uint8_t>(), words, kHeaderBytes);
+    header = post(true, frame, dst, kHeaderSlot);
+    if (!inlined) body = post(true, legs::bytesOf(payload), dst, slot);
   }
   return c10::make_intrusive<FramedSendWork>(shared_from_this(), dst, std::move(header), std::move(body));
 }
@@ -192,7 +198,7 @@ c10::intrusive_ptr<c10d::Work> FramedP2P::recv(const at::Tensor& user, int src, 
 void FramedP2P::listen() {
   pthread_setname_np(pthread_self(), "hoccl-p2p");  // findable in /proc/<pid>/task/*/comm
   while (true) {
-    at::Tensor raw = at::empty({kHeaderWords}, at::kLong);
+    at::Tensor raw = at::empty({kHeaderBytes + kInlineBytes}, at::kByte);
     c10::intrusive_ptr<c10d::Work> work;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -215,8 +221,11 @@ void FramedP2P::listen() {
       failAll(stopped_);
       return;
     }
-    const int64_t* v = raw.data_ptr<int64_t>();
-    deliver(work->sourceRank(), Header{v[0], v[1], v[2], v[3], v[4]});
+    int64_t v[5];
+    std::memcpy(v, raw.data_ptr<uint8_t>(), kHeaderBytes);
+    Header h{v[0], v[1], v[2], v[3], v[4], {}};
+    if (h.slot == 0 && h.bytes > 0) h.inlined = raw.narrow(0, kHeaderBytes, h.bytes);  // raw is this header's alone
+    deliver(work->sourceRank(), h);
   }
 }
 
@@ -242,7 +251,9 @@ void FramedP2P::match(Pending& p, int src, const Header& h) {
     p.mismatch = "hoccl recv on rank " + std::to_string(rank_) + ": rank " + std::to_string(src) + " sent " +
                  describeBytes(h.bytes, h.numel, static_cast<at::ScalarType>(h.dtype)) + ", this recv expects " +
                  describeBytes(mine, p.buffer.numel(), p.buffer.scalar_type());
-  if (h.bytes > 0) {
+  if (h.inlined.defined()) {
+    if (h.bytes == mine) legs::bytesOf(p.buffer).copy_(h.inlined);
+  } else if (h.bytes > 0) {
     // A mismatched payload still lands, whole, in scratch: the sender completes and the pair's
     // next message starts where it should.
     at::Tensor into = h.bytes == mine ? legs::bytesOf(p.buffer) : at::empty({h.bytes}, at::kByte);

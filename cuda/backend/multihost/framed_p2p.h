@@ -8,6 +8,7 @@
 //
 // The gloo group is this object's alone: headers on slot 0, payloads on per-sender slots
 // 1..2^31-2 (the user's tag rides in the header), so a header recv can never meet a payload.
+// Payloads up to 16 KiB ride inside their header's message instead.
 #pragma once
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
@@ -24,9 +25,10 @@ namespace hoccl {
 
 class FramedP2P : public std::enable_shared_from_this<FramedP2P> {
  public:
-  // What a header says about its payload.
+  // What a header says about its payload; a small payload comes inline (slot 0).
   struct Header {
     int64_t tag, slot, bytes, dtype, numel;
+    at::Tensor inlined;  // bytes, when the payload came with the header
   };
   // One recv: posted by the caller, matched by the listener (or at once, to a header that came
   // first). Guarded by the engine's mutex.
