@@ -173,8 +173,8 @@ def test_mismatch_across_hosts_raises_everywhere():
 
 def send_recv_sizes_across_hosts(rank, world):
     """Rank 0 (host 0) sends rank 1 (host 1) messages longer and shorter than the recvs expect,
-    then correct ones in several forms; returns per step what this rank raised or received and
-    how long it took."""
+    small (inline in the header) and large (a payload of its own), then correct ones in several
+    forms; returns per step what this rank raised or received and how long it took."""
     from datetime import timedelta
 
     import torch
@@ -182,6 +182,7 @@ def send_recv_sizes_across_hosts(rank, world):
 
     peer = 1 - rank
     seen = {}
+    BIG = 70_000  # floats: 280 KB, far above what rides inline
 
     def step(name, fn):
         started = time.monotonic()
@@ -197,12 +198,13 @@ def send_recv_sizes_across_hosts(rank, world):
         got = dist.recv(t, src, tag=tag)
         return torch.equal(t, pattern(t.numel(), k)) and got == 0
 
-    def crossed():  # each rank posts in the other's order
-        out, got = pattern(300, 10 + rank), torch.empty(300)
-        ops = [dist.P2POp(dist.isend, out, peer), dist.P2POp(dist.irecv, got, peer)]
-        for w in dist.batch_isend_irecv(ops if rank else ops[::-1]):
+    def crossed():  # each rank posts in the other's order; a small and a large message per side
+        outs = [pattern(n, 10 + rank) for n in (300, BIG)]
+        gots = [torch.empty(300), torch.empty(BIG)]
+        ops = [dist.P2POp(dist.isend, t, peer) for t in outs] + [dist.P2POp(dist.irecv, t, peer) for t in gots]
+        for w in dist.batch_isend_irecv(ops if rank else ops[2:] + ops[:2]):
             w.wait()
-        return torch.equal(got, pattern(300, 10 + peer))
+        return all(torch.equal(g, pattern(g.numel(), 10 + peer)) for g in gots)
 
     def withdrawn():  # a recv that times out is withdrawn; the late message meets the next one
         if rank == 0:
@@ -219,13 +221,17 @@ def send_recv_sizes_across_hosts(rank, world):
     if rank == 0:
         step("longer", lambda: dist.send(pattern(251, 1), 1))
         step("shorter", lambda: dist.send(pattern(249, 2), 1))
-        step("after, non-contiguous recv", lambda: dist.send(pattern(250, 3), 1))
+        step("longer, large", lambda: dist.send(pattern(BIG + 1, 1), 1))
+        step("shorter, large", lambda: dist.send(pattern(BIG - 1, 2), 1))
+        step("after, non-contiguous recv", lambda: dist.send(pattern(BIG, 3), 1))
         step("tags out of order", lambda: [w.wait() for w in (dist.isend(pattern(4, 4), 1, tag=7),
                                                               dist.isend(pattern(4, 5), 1, tag=8))])
     else:
         step("longer", lambda: dist.recv(torch.empty(250), 0))
         step("shorter", lambda: dist.recv(torch.empty(250)))  # any source
-        step("after, non-contiguous recv", lambda: received(torch.empty(250, 2)[:, 0], 3))
+        step("longer, large", lambda: dist.recv(torch.empty(BIG), 0))
+        step("shorter, large", lambda: dist.recv(torch.empty(BIG)))
+        step("after, non-contiguous recv", lambda: received(torch.empty(BIG, 2)[:, 0], 3))
         step("tags out of order", lambda: (received(torch.empty(4), 5, tag=8), received(torch.empty(4), 4, tag=7)))
     step("crossed batch", crossed)
     step("timeout withdraws", withdrawn)
@@ -263,13 +269,13 @@ def test_send_recv_size_mismatch_across_hosts_raises_on_the_receiver():
     with Hosts(count=2, ranks=[1, 1]) as hosts:
         results = hosts.run_ranks(send_recv_sizes_across_hosts, backend="hoccl", pg_timeout=30, timeout=120)
     sender, receiver = results
-    for name in ("longer", "shorter"):
+    for name, sent, expects in (("longer", 251, 250), ("shorter", 249, 250), ("longer, large", 70_001, 70_000),
+                                ("shorter, large", 69_999, 70_000)):
         assert sender[name][0] == "ok", f"sender, {name}: {sender[name]}"
         kind, error, took = receiver[name]
         assert kind == "raised" and took < 10, f"receiver, {name}: {receiver[name]}"
-        sent = "1004 bytes (251 Float" if name == "longer" else "996 bytes (249 Float"
-        assert f"hoccl recv on rank 1: rank 0 sent {sent} elements), this recv expects 1000 bytes " \
-               "(250 Float elements)" in error, error
+        assert f"hoccl recv on rank 1: rank 0 sent {4 * sent} bytes ({sent} Float elements), this recv expects " \
+               f"{4 * expects} bytes ({expects} Float elements)" in error, error
     for rank, seen in enumerate(results):
         for name in ("after, non-contiguous recv", "tags out of order", "crossed batch"):
             assert seen[name][0] == "ok" and seen[name][1] is not False, f"rank {rank}, {name}: {seen[name]}"
