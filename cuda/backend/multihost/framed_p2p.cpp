@@ -160,7 +160,7 @@ c10::intrusive_ptr<c10d::Work> FramedP2P::send(const at::Tensor& t, int dst, int
   if (inlined && bytes > 0) std::memcpy(frame.data_ptr<uint8_t>() + kHeaderBytes, payload.data_ptr(), bytes);
   c10::intrusive_ptr<c10d::Work> header, body;
   {
-    // One lock for both, so that no other message of this rank slips between them.
+    // ProcessGroupGloo's send is not thread-safe, and the slot count is per destination.
     std::lock_guard<std::mutex> lock(postMutex_);
     const int slot = inlined ? 0 : 1 + static_cast<int>(sent_[dst]++ % kPayloadSlots);
     const int64_t words[] = {tag, slot, bytes, static_cast<int64_t>(payload.scalar_type()), payload.numel()};
@@ -236,7 +236,9 @@ void FramedP2P::deliver(int src, const Header& h) {
     return (p->wantSrc < 0 || p->wantSrc == src) && p->tag == h.tag;
   });
   if (it == posted_.end()) {
-    early_.emplace_back(src, h);
+    Header kept = h;
+    if (kept.inlined.defined()) kept.inlined = kept.inlined.clone();  // not the whole 16 KiB frame
+    early_.emplace_back(src, std::move(kept));
     return;
   }
   auto p = *it;
