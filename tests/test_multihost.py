@@ -171,6 +171,126 @@ def test_mismatch_across_hosts_raises_everywhere():
     print({name: error for name, (error, _) in results[0].items()})
 
 
+def send_recv_sizes_across_hosts(rank, world):
+    """Rank 0 (host 0) sends rank 1 (host 1) messages longer and shorter than the recvs expect,
+    small (inline in the header) and large (a payload of its own), then correct ones in several
+    forms; returns per step what this rank raised or received and how long it took."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    peer = 1 - rank
+    seen = {}
+    BIG = 70_000  # floats: 280 KB, far above what rides inline
+
+    def step(name, fn):
+        started = time.monotonic()
+        try:
+            seen[name] = ("ok", fn(), time.monotonic() - started)
+        except Exception as e:  # noqa: BLE001 - the message is the result
+            seen[name] = ("raised", str(e), time.monotonic() - started)
+
+    def pattern(n, k):
+        return torch.arange(n, dtype=torch.float32) + 1000 * k
+
+    def received(t, k, src=0, tag=0):
+        got = dist.recv(t, src, tag=tag)
+        return torch.equal(t, pattern(t.numel(), k)) and got == 0
+
+    def crossed():  # each rank posts in the other's order; a small and a large message per side
+        outs = [pattern(n, 10 + rank) for n in (300, BIG)]
+        gots = [torch.empty(300), torch.empty(BIG)]
+        ops = [dist.P2POp(dist.isend, t, peer) for t in outs] + [dist.P2POp(dist.irecv, t, peer) for t in gots]
+        for w in dist.batch_isend_irecv(ops if rank else ops[2:] + ops[:2]):
+            w.wait()
+        return all(torch.equal(g, pattern(g.numel(), 10 + peer)) for g in gots)
+
+    def withdrawn():  # a recv that times out is withdrawn; the late message meets the next one
+        if rank == 0:
+            dist.barrier()
+            dist.send(pattern(8, 6), 1, tag=5)
+            return True
+        try:
+            dist.irecv(torch.empty(8), 0, tag=5).wait(timedelta(seconds=1))
+        except Exception as e:  # noqa: BLE001
+            dist.barrier()
+            return str(e), received(torch.empty(8), 6, tag=5)
+        return "no error"
+
+    if rank == 0:
+        step("longer", lambda: dist.send(pattern(251, 1), 1))
+        step("shorter", lambda: dist.send(pattern(249, 2), 1))
+        step("longer, large", lambda: dist.send(pattern(BIG + 1, 1), 1))
+        step("shorter, large", lambda: dist.send(pattern(BIG - 1, 2), 1))
+        step("after, non-contiguous recv", lambda: dist.send(pattern(BIG, 3), 1))
+        step("tags out of order", lambda: [w.wait() for w in (dist.isend(pattern(4, 4), 1, tag=7),
+                                                              dist.isend(pattern(4, 5), 1, tag=8))])
+    else:
+        step("longer", lambda: dist.recv(torch.empty(250), 0))
+        step("shorter", lambda: dist.recv(torch.empty(250)))  # any source
+        step("longer, large", lambda: dist.recv(torch.empty(BIG), 0))
+        step("shorter, large", lambda: dist.recv(torch.empty(BIG)))
+        step("after, non-contiguous recv", lambda: received(torch.empty(BIG, 2)[:, 0], 3))
+        step("tags out of order", lambda: (received(torch.empty(4), 5, tag=8), received(torch.empty(4), 4, tag=7)))
+    step("crossed batch", crossed)
+    step("timeout withdraws", withdrawn)
+    t = torch.ones(5)
+    dist.all_reduce(t)
+    seen["all_reduce after"] = ("ok", t.tolist(), 0.0)
+    seen["listeners"] = ("ok", _listeners(), 0.0)
+    from hoccl_backend._registration import _create  # a second group's listener ends with it
+
+    pg = _create(dist.PrefixStore("p2p", dist.distributed_c10d._get_default_store()), rank, world,
+                 timedelta(seconds=30))
+    t = torch.zeros(3)
+    (pg.send([torch.ones(3)], peer, 0) if rank == 0 else pg.recv([t], peer, 0)).wait()
+    during = _listeners()
+    pg.shutdown()
+    seen["second group"] = ("ok", (t.tolist(), during, _listeners()), 0.0)
+    return seen
+
+
+def _listeners():
+    """This process's hoccl send/recv listener threads."""
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:
+            pass
+    return names.count("hoccl-p2p")
+
+
+def test_send_recv_size_mismatch_across_hosts_raises_on_the_receiver():
+    """A recv checks the sender's header first: a longer or shorter message raises on the
+    receiver, naming both sides, while the sender completes and the pair stays aligned."""
+    with Hosts(count=2, ranks=[1, 1]) as hosts:
+        results = hosts.run_ranks(send_recv_sizes_across_hosts, backend="hoccl", pg_timeout=30, timeout=120)
+    sender, receiver = results
+    for name, sent, expects in (("longer", 251, 250), ("shorter", 249, 250), ("longer, large", 70_001, 70_000),
+                                ("shorter, large", 69_999, 70_000)):
+        assert sender[name][0] == "ok", f"sender, {name}: {sender[name]}"
+        kind, error, took = receiver[name]
+        assert kind == "raised" and took < 10, f"receiver, {name}: {receiver[name]}"
+        assert f"hoccl recv on rank 1: rank 0 sent {4 * sent} bytes ({sent} Float elements), this recv expects " \
+               f"{4 * expects} bytes ({expects} Float elements)" in error, error
+    for rank, seen in enumerate(results):
+        for name in ("after, non-contiguous recv", "tags out of order", "crossed batch"):
+            assert seen[name][0] == "ok" and seen[name][1] is not False, f"rank {rank}, {name}: {seen[name]}"
+        assert seen["all_reduce after"][1] == [2.0] * 5
+    assert receiver["after, non-contiguous recv"][1] is True
+    assert receiver["tags out of order"][1] == (True, True)
+    for rank, seen in enumerate(results):  # one listener per group that received, none after shutdown
+        assert seen["listeners"][1] == 1, f"rank {rank}: {seen['listeners']}"
+        assert seen["second group"][1][1:] == (1 + rank, 1), f"rank {rank}: {seen['second group']}"
+    assert receiver["second group"][1][0] == [1.0] * 3
+    error, late = receiver["timeout withdraws"][1]
+    assert "no message from rank 0 with tag 5 within the timeout of 1000 ms" in error and late, error
+    print({name: value[1] for name, value in receiver.items()})
+
+
 def all_reduce_until_failure(rank, world, started_dir):
     import torch
     import torch.distributed as dist

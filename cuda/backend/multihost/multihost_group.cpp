@@ -22,6 +22,7 @@ MultiHostGroup::MultiHostGroup(int rank, int size, std::chrono::milliseconds tim
                   groups_.global->getSize() == size && groups_.p2p->getSize() == size,
               "hoccl process group creation on rank ", rank, ": the groups handed in do not match the host table");
   for (int r = 0; r < size; ++r) allRanks_.push_back(r);
+  framed_ = std::make_shared<FramedP2P>(groups_.p2p, rank, timeout);
   worker_ = std::thread([this] { workerLoop(); });
 }
 
@@ -35,6 +36,7 @@ void MultiHostGroup::shutdown() {
   }
   cv_.notify_all();
   if (worker_.joinable()) worker_.join();
+  framed_->stop("the process group was shut down");
   groups_.local->shutdown();
 }
 
@@ -45,11 +47,13 @@ void MultiHostGroup::abort() {
   }
   for (auto* g : {groups_.rail.get(), groups_.global.get(), groups_.p2p.get()}) g->abort();
   groups_.local->abortWith("hoccl: rank " + std::to_string(rank_) + " called abort()");
+  framed_->stop("rank " + std::to_string(rank_) + " called abort()");
   shutdown();
 }
 
 void MultiHostGroup::setTimeout(std::chrono::milliseconds timeout) {
   timeout_ = timeout;
+  framed_->setTimeout(timeout);
   groups_.local->setTimeout(timeout);
   for (auto* g : {groups_.rail.get(), groups_.global.get(), groups_.p2p.get()}) g->setTimeout(timeout);
 }
@@ -98,6 +102,12 @@ void MultiHostGroup::workerLoop() {
       task.first->complete(std::current_exception());
     }
   }
+}
+
+c10::intrusive_ptr<c10d::Work> MultiHostGroup::tracked(c10::intrusive_ptr<c10d::Work> work) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (coalescing_) coalesced_.push_back(work);
+  return work;
 }
 
 void MultiHostGroup::startCoalescing() {

@@ -2,7 +2,8 @@
 // composed of legs: inside a host on an ordinary (single-host) hoccl group over the host's ranks,
 // across hosts on torch's ProcessGroupGloo groups that the Python creator made and this object
 // owns: one per rail (the ranks with the same local index on each host; rail 0 is the host
-// leaders), one over every rank for collectives without a hierarchical form, one for send/recv.
+// leaders), one over every rank for collectives without a hierarchical form, one for send/recv (framed with
+// a size check, see framed_p2p.h).
 // Legs run in issue order on one worker thread, so every gloo group sees its ops in the same
 // order on every member. The algorithms and their choice rule are in docs/multihost.md.
 #pragma once
@@ -15,6 +16,7 @@
 #include <mutex>
 #include <thread>
 
+#include "backend/multihost/framed_p2p.h"
 #include "backend/multihost/host_layout.h"
 #include "backend/process_group.h"
 #include "backend/work.h"
@@ -111,6 +113,8 @@ class MultiHostGroup : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, std::vector<at::Tensor> outputs, Body body);
   void workerLoop();
   void setAlgorithm(const char* name);
+  // A send/recv work joins the coalesced group while coalescing (batch_isend_irecv waits that).
+  c10::intrusive_ptr<c10d::Work> tracked(c10::intrusive_ptr<c10d::Work> work);
 
   // Legs. Each waits for its work; an inter-host failure becomes hoccl's error naming the lost
   // host, and breaks the group on this host too so that no local peer waits out the timeout.
@@ -174,6 +178,7 @@ class MultiHostGroup : public c10d::Backend {
   std::string lastAlgo_;
   at::Tensor scratch_;
   uint32_t crossTags_ = 0;
+  std::shared_ptr<FramedP2P> framed_;  // send/recv over groups_.p2p
   std::thread worker_;
 };
 
