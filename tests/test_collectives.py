@@ -18,8 +18,11 @@ def env_for(world: int, **extra) -> dict:
     """Each world size exercises a different data path, so all of them are covered:
     world 2 stages everything through shared memory (cross-memory reads off) and copies into
     outputs with streaming stores from 100 bytes (odd sizes and alignments), world 3 reads
-    peers' buffers directly from 4 KiB up, world 4 uses the defaults (direct reads >= 256 KiB)."""
+    peers' buffers directly from 4 KiB up, world 4 reads directly from the default 256 KiB and
+    stages smaller payloads in rounds of 8 KiB (many rounds, a ragged last one)."""
     env = dict(SMALL_SLOTS, **extra)
+    if world == 4:
+        env["HOCCL_STAGED_ROUND_BYTES"] = "8192"
     if world == 2:
         env["HOCCL_SHM_CMA"] = "0"
         env["HOCCL_STREAMING_COPY_BYTES"] = "100"

@@ -127,6 +127,8 @@ class ProcessGroupHOCCL : public c10d::Backend {
   std::vector<TransferPhase> varipathPhases(const std::vector<int64_t>& matrix);
 
   std::shared_ptr<const Plan> planFor(const PlanRequest& req);
+  // Slot bytes a staged plan of this payload uses per round (HOCCL_STAGED_ROUND_BYTES).
+  int64_t stagingRoundBytes(int64_t payloadBytes) const;
   // After a barrier with this parity: does every rank's input block 0 lie in a shared tensor?
   bool everyRankShared(uint32_t parity, int64_t bytes) const;
   void checkWait(const Collective& c, int peer);

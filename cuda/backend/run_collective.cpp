@@ -1,5 +1,6 @@
 #include "backend/collective.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 
@@ -80,6 +81,12 @@ void ProcessGroupHOCCL::validateSplits(const Collective& c, uint32_t parity) con
                               ": split sizes disagree between senders and receivers" + err.str());
 }
 
+int64_t ProcessGroupHOCCL::stagingRoundBytes(int64_t payloadBytes) const {
+  const int64_t slot = static_cast<int64_t>(group_->slotBytes());
+  if (payloadBytes >= config_.crossMemoryMinBytes) return slot;
+  return std::min(slot, config_.stagedRoundBytes);
+}
+
 std::shared_ptr<const Plan> ProcessGroupHOCCL::planFor(const PlanRequest& req) {
   const auto key = std::make_tuple(int(req.kind), req.root, int64_t(req.elemSize), req.bytes, bool(req.crossMemory),
                                    req.addressesPublished, req.everyTensorShared);
@@ -125,7 +132,7 @@ void ProcessGroupHOCCL::runCollective(Collective& c) {
   c.deadline = c.start + timeout_;
   c.req.rank = rank_;
   c.req.world = size_;
-  c.req.slotBytes = static_cast<int64_t>(group_->slotBytes());
+  c.req.slotBytes = stagingRoundBytes(c.req.bytes);  // all_to_all: set again from the agreed size
   c.req.oneShotMaxBytes = config_.oneShotMaxBytes;
   c.req.crossMemory = group_->crossMemory();
   c.req.crossMemoryMinBytes = config_.crossMemoryMinBytes;

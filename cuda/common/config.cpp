@@ -28,6 +28,9 @@ const std::vector<Variable> kTable = {
     {"HOCCL_SHM_CMA", K::Choice, R::Core, "auto", "auto,0,1,off,on",
      "cross-memory (process_vm_readv) reads between ranks: auto (probe), 0 off, 1 required"},
     {"HOCCL_CMA_MIN_BYTES", K::Bytes, R::Core, "256K", "", "payloads from this size use direct-read plans"},
+    {"HOCCL_STAGED_ROUND_BYTES", K::Bytes, R::Core, "auto", "",
+     "staged plans below HOCCL_CMA_MIN_BYTES move data in rounds of this many bytes per slot; auto: the whole "
+     "slot"},
     {"HOCCL_ALLREDUCE_CMA_MAX_BYTES", K::Bytes, R::Core, "auto", "",
      "all_reduce reads peers directly only while tensor bytes x world is below this; auto: 256M, or 64M when "
      "HOCCL_HUGEPAGE_MIN_BYTES=0"},
