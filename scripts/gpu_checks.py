@@ -11,7 +11,7 @@ it runs against the CPU driver model too (HOCCL_LIBCUDA). Each item runs in 2 re
 a host-side deadline and reports OK, or the failing call with its CUresult name:
   register    cuMemHostRegister (device-mapped) of a /dev/shm mapping in every process
   stream_flag a cuStreamWriteValue32 in one process releasing a cuStreamWaitValue32 in another
-              (host-path all_gather: its READY/DONE flags live in that shared memory)
+              (host-path collectives: their barrier flags live in that shared memory)
   ipc_copy    cuIpcGetMemHandle / cuIpcOpenMemHandle and a copy through the mapping (p2p path)
 
 `sm_free` also needs no CUDA build of torch (and runs on the driver model). It proves what the

@@ -110,21 +110,23 @@ def _rank_every_op(rank, world, first_seq, dtypes):
         "p2p": _group(store, "p2p", rank, world, path="p2p", reduce_on="gpu", first_seq=first_seq),
     }
     bad = []
+    algos = {name: set() for name in groups}  # which plan (or the p2p code) each op ran
     for name, g in groups.items():
         mine = []
         for dtype in dtypes:
             for n in _sizes(dtype.itemsize):
+                checks = [_check_all_reduce]
                 if name != "mixed":
-                    _check_all_gather(g, dev, rank, world, dtype, n, mine)
-                    _check_all_to_all(g, dev, rank, world, dtype, n, mine)
-                    _check_broadcast(g, dev, rank, world, dtype, n, mine)
-                _check_all_reduce(g, dev, rank, world, dtype, n, mine)
+                    checks = [_check_all_gather, _check_all_to_all, _check_broadcast] + checks
+                for check in checks:
+                    check(g, dev, rank, world, dtype, n, mine)
+                    algos[name].add(g.last_algo())
                 dev.free_all()
         bad += [(name,) + b for b in mine]
     paths = {name: g.paths() for name, g in groups.items()}
     hinted = model_counter("batch_copies_prefer_overlap")
     del groups
-    return bad, paths, hinted
+    return bad, paths, hinted, algos
 
 
 ALL_DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.uint8]
@@ -136,11 +138,17 @@ SOME_DTYPES = [torch.float32, torch.float16, torch.uint8]
                                                     (4, WRAP - 1, SOME_DTYPES)], ids=["w2", "w3-wrap", "w4-wrap"])
 def test_every_collective_on_the_driver_model(model, world, first_seq, dtypes):
     res = run_ranks(_rank_every_op, world, first_seq, dtypes, backend=None, timeout=150, env=_env(model))
-    for rank, (bad, paths, hinted) in enumerate(res):
+    for rank, (bad, paths, hinted, algos) in enumerate(res):
         assert not bad, (rank, bad[:10], len(bad))
         assert "p2p" in paths["p2p"] and "p2p" not in paths["host"], paths
         # The model reports driver 13.0: no copy carries the prefer-overlap hint (13.1 API).
         assert hinted == 0, hinted
+        # The host path runs the CPU transport's plans; all_reduce past one slot on more than two
+        # ranks takes reduce-scatter + all-gather (reductions into slots, two barriers a round).
+        reduce_plans = {"allreduce/one-shot"} | ({"allreduce/rs-ag"} if world > 2 else set())
+        assert algos["host"] == {"allgather/staged", "alltoall/phased", "broadcast/staged"} | reduce_plans, algos
+        assert algos["mixed"] == reduce_plans, algos
+        assert algos["p2p"] == {"p2p/push"} | reduce_plans, algos
 
 
 # ---- one world-2 job for the single-purpose checks (each process start costs seconds) --------
@@ -367,6 +375,6 @@ def test_ipc_open_failure_is_reported_clearly(failures):
 def test_a_stopped_peer_is_reported_not_hung_on(failures):
     host, p2p = failures[0]["stop_host"], failures[0]["stop_p2p"]
     # Host path: the stream waits on the peer's flag; the watchdog names the flag and its value.
-    assert "rank 0" in host and "READY from rank 1: the stream waits for >= 1, the flag holds 0" in host, host
+    assert "rank 0" in host and "BARRIER from rank 1: the stream waits for >= 1, the flag holds 0" in host, host
     # P2P path: the host waits for the peer's buffer announcement.
     assert "rank 1 did not announce its buffer" in p2p, p2p

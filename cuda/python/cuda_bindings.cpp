@@ -336,7 +336,8 @@ void bindCuda(py::module& m) {
       .def("flag_state", &CeGroup::flagState)
       .def("ipc_mappings", &CeGroup::ipcMappings)
       .def("ipc_store_keys", &CeGroup::ipcStoreKeys)
-      .def("paths", &CeGroup::describePaths);
+      .def("paths", &CeGroup::describePaths)
+      .def("last_algo", &CeGroup::lastAlgo, "The algorithm of the last op's plan, e.g. 'allreduce/rs-ag'.");
   bindRaw(m);
 #endif
 }

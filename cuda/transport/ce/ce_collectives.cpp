@@ -7,7 +7,6 @@
 #include <thread>
 
 #include "exec/reduce_kernels.h"
-#include "transport/ce/kernels/reduce_args.h"
 
 namespace hoccl {
 
@@ -66,7 +65,7 @@ void ceRefuseCapture(CUstream stream, const char* op) {
 CeGroup::CeGroup(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix, int rank, int world,
                  int device, CeGroupOptions opts)
     : store_(store), prefix_(prefix), rank_(rank), world_(world), device_(device), opts_(opts),
-      round_(opts.firstSeq), opSeq_(opts.firstSeq) {
+      opSeq_(opts.firstSeq) {
   peers_ = discoverPeers(store, prefix + "/peers", rank, world, device, opts.pathMode, opts.timeout);
   bool mineP2P = true;
   for (int r = 0; r < world; ++r)
@@ -85,10 +84,8 @@ CeGroup::CeGroup(const c10::intrusive_ptr<c10d::Store>& store, const std::string
                                        flagBytes * kFlagSets, opts.firstSeq, opts.timeout);
   staging_ = std::make_unique<HostStaging>(store, prefix + "/stage", rank, world, opts.slotBytes, 2, device,
                                            opts.timeout);
-  if (opts.reduceOn == ReduceOn::Gpu) {
-    reduce_ = std::make_unique<ReduceKernel>(device, opts.reduceCtas);
-    scratch_ = std::make_unique<DeviceBuffer>(staging_->slotBytes() * world, device);
-  }
+  exec_ = std::make_unique<CePlanExecutor>(flags(kBarrier), *staging_, device, opts.reduceOn, opts.reduceCtas,
+                                           opts.firstSeq, [this](CUstream s, const char* what) { syncStream(s, what); });
   cu::ContextGuard guard(device);
   cu::check(cu::driver().cuEventCreate(&done_, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
   cu::check(cu::driver().cuEventCreate(&streamSync_, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
@@ -103,7 +100,7 @@ CeGroup::~CeGroup() {
     std::fprintf(stderr, "%s; leaving its host memory registered and mapped, since the stream may still copy "
                  "into it\n", e.what());
     ipc_.release();  // NOLINT: deliberately leaked, see above
-    scratch_.release();
+    exec_.release();
     staging_.release();
     flagRegion_.release();
     return;
@@ -139,7 +136,7 @@ void CeGroup::synchronize(std::chrono::milliseconds timeout) {
 }
 
 std::string CeGroup::flagState() const {
-  static const char* names[kFlagSets] = {"READY", "DONE", "ARM", "DATA"};
+  static const char* names[kFlagSets] = {"BARRIER", "ARM", "DATA"};
   std::string out;
   for (int f = 0; f < kFlagSets; ++f) {
     std::string s = sync_[f]->unsatisfiedWaits(names[f]);
@@ -173,39 +170,22 @@ std::string CeGroup::describePaths() const {
 
 bool CeGroup::allP2P() const { return world_ > 1 && peersOn(CePath::P2P).size() == static_cast<size_t>(world_ - 1); }
 
-// Staging rounds: every rank counts every round (so slot parity agrees everywhere); round n uses
-// slot (n-1)%2. A publisher may overwrite a slot only once every peer consumed the round it last
-// published there (DONE >= that round); consumers signal DONE with the round they consumed.
-// Every publication in these collectives is consumed by every other rank.
-uint32_t CeGroup::beginRound(CUstream s, bool publish) {
-  const uint32_t n = ++round_;
-  const int slot = static_cast<int>((n - 1) % 2);
-  if (publish) {
-    auto peers = everyone();
-    if (slotUsed_[slot] && !peers.empty())
-      flags(kDone).waitMany(s, peers, std::vector<uint32_t>(peers.size(), lastRoundInSlot_[slot]));
-    lastRoundInSlot_[slot] = n;
-    slotUsed_[slot] = true;
-  }
-  return n;
+// What every rank passes the plan builders: identical on all ranks but `rank`, so all build plans
+// of the same shape (barriers, staging buffers) and their flags stay in lockstep.
+PlanRequest CeGroup::request(OpKind kind, int64_t elemSize, int64_t bytes, int root) const {
+  PlanRequest req{kind};
+  req.rank = rank_;
+  req.world = world_;
+  req.root = root;
+  req.elemSize = elemSize;
+  req.bytes = bytes;
+  req.slotBytes = static_cast<int64_t>(staging_->slotBytes());
+  return req;
 }
 
-void CeGroup::publishReady(CUstream s, uint32_t round) {
-  for (int p : everyone()) flags(kReady).signal(s, p, round);
-}
-
-// Waits for `from`'s publication `round`, copies `len` bytes at `slotOffset` of its slot to dst
-// (H2D: copy engine), then releases the slot.
-void CeGroup::consume(CUstream s, int from, uint32_t round, size_t slotOffset, CUdeviceptr dst, size_t len) {
-  const int slot = static_cast<int>((round - 1) % 2);
-  if (from != rank_) flags(kReady).wait(s, from, round);
-  ceCopyFromHost(s, dst, staging_->hostSlot(from, slot, slotOffset), len);
-  if (from != rank_) flags(kDone).signal(s, from, round);
-}
-
-void CeGroup::stageOut(CUstream s, uint32_t round, size_t slotOffset, CUdeviceptr src, size_t len) {
-  const int slot = static_cast<int>((round - 1) % 2);
-  ceCopyToHost(s, staging_->hostSlot(rank_, slot, slotOffset), src, len);
+void CeGroup::syncStream(CUstream s, const char* what) {
+  cu::check(cu::driver().cuEventRecord(streamSync_, s), "cuEventRecord");
+  waitForEvent(streamSync_, std::chrono::steady_clock::now() + opts_.timeout, what);
 }
 
 void CeGroup::allGather(CUstream stream, CUdeviceptr out, CUdeviceptr in, size_t bytes) {
@@ -220,14 +200,9 @@ void CeGroup::allGather(CUstream stream, CUdeviceptr out, CUdeviceptr in, size_t
     ceCopyAsync(stream, out + rank_ * bytes, in, bytes);
     return;
   }
-  for (size_t off = 0; off < bytes; off += staging_->slotBytes()) {
-    const size_t len = std::min(staging_->slotBytes(), bytes - off);
-    const uint32_t n = beginRound(stream, true);
-    stageOut(stream, n, 0, in + off, len);
-    publishReady(stream, n);
-    // Own block from the own slot too: H2D runs on a copy engine, a same-device D2D might not.
-    for (int r = 0; r < world_; ++r) consume(stream, r, n, 0, out + r * bytes + off, len);
-  }
+  CePlanArgs args{{in}, {}};
+  for (int r = 0; r < world_; ++r) args.out.push_back(out + r * bytes);
+  runPlan(stream, planAllGather(request(OpKind::AllGather, 1, bytes), false), args);
 }
 
 void CeGroup::allToAll(CUstream stream, CUdeviceptr out, CUdeviceptr in, size_t blockBytes) {
@@ -242,15 +217,17 @@ void CeGroup::allToAll(CUstream stream, CUdeviceptr out, CUdeviceptr in, size_t 
     ceCopyAsync(stream, out + rank_ * blockBytes, in + rank_ * blockBytes, blockBytes);
     return;
   }
-  // Each round carries one piece per destination: piece p of my slot is for rank p.
-  const size_t piece = std::max<size_t>(256, staging_->slotBytes() / world_ / 256 * 256);
-  for (size_t off = 0; off < blockBytes; off += piece) {
-    const size_t len = std::min(piece, blockBytes - off);
-    const uint32_t n = beginRound(stream, true);
-    for (int p = 0; p < world_; ++p) stageOut(stream, n, p * piece, in + p * blockBytes + off, len);
-    publishReady(stream, n);
-    for (int r = 0; r < world_; ++r) consume(stream, r, n, rank_ * piece, out + r * blockBytes + off, len);
+  // One phase holding every pair: the plan packs each source's blocks into its slot, in order.
+  PlanRequest req = request(OpKind::AllToAll, 1, blockBytes);
+  TransferPhase all;
+  CePlanArgs args;
+  for (int r = 0; r < world_; ++r) {
+    for (int d = 0; d < world_; ++d) all.push_back({r, d, static_cast<int64_t>(blockBytes)});
+    args.in.push_back(in + r * blockBytes);
+    args.out.push_back(out + r * blockBytes);
   }
+  req.phases.push_back(all);
+  runPlan(stream, planAllToAll(req), args);
 }
 
 void CeGroup::broadcast(CUstream stream, CUdeviceptr buf, size_t bytes, int root) {
@@ -266,16 +243,7 @@ void CeGroup::broadcast(CUstream stream, CUdeviceptr buf, size_t bytes, int root
     pushP2P(stream, buf, bytes, writes, rank_ == root ? std::vector<int>{} : std::vector<int>{root});
     return;
   }
-  for (size_t off = 0; off < bytes; off += staging_->slotBytes()) {
-    const size_t len = std::min(staging_->slotBytes(), bytes - off);
-    const uint32_t n = beginRound(stream, rank_ == root);
-    if (rank_ == root) {
-      stageOut(stream, n, 0, buf + off, len);
-      publishReady(stream, n);
-    } else {
-      consume(stream, root, n, 0, buf + off, len);
-    }
-  }
+  runPlan(stream, planBroadcast(request(OpKind::Broadcast, 1, bytes, root)), CePlanArgs{{buf}, {buf}});
 }
 
 // Push model over CUDA IPC: a writer copies straight into the reader's buffer once the reader
@@ -284,6 +252,7 @@ void CeGroup::broadcast(CUstream stream, CUdeviceptr buf, size_t bytes, int root
 void CeGroup::pushP2P(CUstream s, CUdeviceptr myDst, size_t myDstBytes, const std::vector<P2PWrite>& writes,
                       const std::vector<int>& writers) {
   const uint32_t seq = ++opSeq_;
+  lastAlgo_ = "p2p/push";
   std::vector<int> targets;
   for (const auto& w : writes) targets.push_back(w.peer);
   auto mapped = ipc_->exchange(seq, myDst, myDstBytes, targets, s);
@@ -306,70 +275,17 @@ void CeGroup::allReduce(CUstream stream, CUdeviceptr buf, int64_t count, c10::Sc
   cu::ContextGuard guard(device_);
   ceRefuseCapture(stream, "all_reduce");
   OpEnd end{[&] { finishOp(stream); }};
-  const size_t elem = hoccl::elementSize(dtype);
-  const int64_t chunkElems = static_cast<int64_t>(staging_->slotBytes() / elem);
-  for (int64_t first = 0; first < count; first += chunkElems) {
-    const int64_t n = std::min(chunkElems, count - first);
-    const uint32_t round = beginRound(stream, true);
-    stageOut(stream, round, 0, buf + first * elem, n * elem);
-    publishReady(stream, round);
-    if (reduce_) reduceChunkGpu(stream, buf + first * elem, n, dtype, op, factor, round);
-    else reduceChunkHost(stream, buf + first * elem, n, dtype, op, factor, round);
-  }
+  const int64_t elem = static_cast<int64_t>(hoccl::elementSize(dtype));
+  PlanRequest req = request(OpKind::AllReduce, elem, count * elem);
+  // One slot round: one-shot (one barrier). Larger on more than two ranks: reduce-scatter +
+  // all-gather, so each rank copies ~2 x the bytes up instead of W x (two barriers per round).
+  Plan plan = world_ > 2 && req.bytes > req.slotBytes ? planAllReduceRsAg(req) : planAllReduceOneShot(req);
+  runPlan(stream, plan, CePlanArgs{{buf}, {buf}, dtype, op, factor});
 }
 
-void CeGroup::reduceChunkGpu(CUstream s, CUdeviceptr dst, int64_t count, c10::ScalarType dtype, RedOp op,
-                             double factor, uint32_t round) {
-  const size_t bytes = count * hoccl::elementSize(dtype);
-  std::vector<CUdeviceptr> srcs(world_);
-  for (int r = 0; r < world_; ++r) {
-    if (r == rank_ && r < HOCCL_REDUCE_MAX_SRCS) {
-      srcs[r] = dst;  // own data never leaves the device
-      continue;
-    }
-    // A later rank's own data cannot stay in dst: the chained launches overwrite dst with the
-    // running result first. It comes back from this rank's own slot (no flag: same stream).
-    srcs[r] = scratch_->ptr(static_cast<size_t>(r) * staging_->slotBytes());
-    consume(s, r, round, 0, srcs[r], bytes);
-  }
-  reduce_->launch(s, dst, srcs, count, dtype, op, factor, world_, /*finalize=*/true);
-}
-
-void CeGroup::hostWaitAll(Flag f, uint32_t seq, const char* what) {
-  auto deadline = std::chrono::steady_clock::now() + opts_.timeout;
-  for (int r = 0; r < world_; ++r) {
-    if (r == rank_) continue;
-    if (!flags(f).hostWait(r, seq, deadline))
-      throw std::runtime_error(std::string("hoccl ") + what + " on rank " + std::to_string(rank_) +
-                               ": timed out waiting for rank " + std::to_string(r) + " (its flag holds " +
-                               std::to_string(flags(f).inbound(r)) + ", the host waits for >= " +
-                               std::to_string(seq) + "); " + flagState());
-  }
-}
-
-// The CPU reduces straight from the shared slots; it must first see its own D2H finished, and
-// must not signal DONE from the host while older stream-ordered DONE writes are still queued
-// (the word would go backwards), hence the stream synchronisations.
-void CeGroup::reduceChunkHost(CUstream s, CUdeviceptr dst, int64_t count, c10::ScalarType dtype, RedOp op,
-                              double factor, uint32_t seq) {
-  const auto& api = cu::driver();
-  const int slot = static_cast<int>((seq - 1) % 2);
-  const auto deadline = std::chrono::steady_clock::now() + opts_.timeout;
-  cu::check(api.cuEventRecord(streamSync_, s), "cuEventRecord");
-  waitForEvent(streamSync_, deadline, "all_reduce: the stream did not reach the host reduction");
-  hostWaitAll(kReady, seq, "all_reduce");
-  std::vector<const void*> srcs(world_);
-  for (int r = 0; r < world_; ++r) srcs[r] = staging_->hostSlot(r, slot);
-  // Private result buffer: peers may still be reading this rank's slots.
-  std::vector<char> result(count * hoccl::elementSize(dtype));
-  reduceInto(result.data(), srcs.data(), world_, count, dtype, op);
-  postScale(result.data(), count, dtype, op, factor, world_);
-  // Pageable source: cuMemcpyHtoDAsync stages it and returns once the buffer may be reused.
-  cu::check(api.cuMemcpyHtoDAsync(dst, result.data(), result.size(), s), "cuMemcpyHtoDAsync");
-  cu::check(api.cuEventRecord(streamSync_, s), "cuEventRecord");
-  waitForEvent(streamSync_, deadline, "all_reduce: the result copy did not finish");
-  for (int r = 0; r < world_; ++r)
-    if (r != rank_) flags(kDone).hostSignal(r, seq);
+void CeGroup::runPlan(CUstream stream, const Plan& plan, const CePlanArgs& args) {
+  lastAlgo_ = plan.algo;
+  exec_->run(stream, plan, args);
 }
 
 #endif  // HOCCL_WITH_CUDA

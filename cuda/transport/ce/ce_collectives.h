@@ -1,31 +1,25 @@
-// Reference cuda-ce collectives composed from the primitives (ce_sync, ce_copy, ce_reduce).
+// The cuda-ce collectives: what the process group calls for CUDA tensors (one CeGroup per process
+// group and device), also exposed to tests and benchmarks as _CeGroup.
 //
-// This is the sequence the core's GPU executor follows; the core may drive a CeGroup directly
-// (one per process group and device) or mirror these steps per Plan step. Everything is
-// enqueued on the caller's stream and returns without waiting for the GPU (except host-side
-// reductions, which block the calling thread — call from the PG worker, never the user thread).
+// Everything is enqueued on the caller's stream and returns without waiting for the GPU (except
+// host-side reductions, which block the calling thread: call from the PG worker, never the user
+// thread).
 //
-// Host path (staging "rounds"): every rank counts rounds; round n uses slot (n-1)%2 of each rank.
-// A publisher D2H-copies into its slot (after DONE from every peer for the round it last put
-// there), signals READY(n); a consumer waits READY(n), H2D-copies out of the publisher's slot,
-// signals DONE(n). Chunked by slot size, so any message size works with two slots.
-//  all_gather:  each round, every rank publishes a chunk of its block; everyone consumes all
-//               (own block too, via H2D: a same-device D2D might run on SMs).
-//  all_to_all:  each round, every rank publishes one piece per destination.
-//  broadcast:   the root publishes, the others consume.
-// P2P path (every pair p2p): push model over CUDA IPC. A reader signals ARM (its buffer may be
-// overwritten: its stream reached this op), a writer waits ARM, copies D2D straight into the
-// reader's IPC-mapped buffer, signals DATA; the reader waits DATA.
-//  all_reduce:  (one-shot, host staged, any path) every rank publishes its chunk each round;
-//               gpu: consume peers' chunks (H2D) into device scratch, then one bounded reduction
-//                    kernel (sources in rank order, result into the tensor);
-//               host: the CPU waits READY, reduces from the shared slots, H2D result, DONE.
-// No kernel runs in all_gather/all_to_all/broadcast; all_reduce launches only the reduction
-// kernel (gpu mode).
+// Host path (pinned host staging; what HOCCL_CE_PATH=auto takes between ranks on one GPU): each
+// op builds the same Plan the CPU transport runs (plan/*.cpp) and CePlanExecutor enqueues it:
+// copy-engine copies through the shared slots, barriers as stream memory operations, reductions
+// by the bounded kernel (HOCCL_REDUCE_ON=gpu) or the CPU (host).
+//  all_gather: planAllGather; all_to_all: planAllToAll over a one-phase schedule;
+//  broadcast: planBroadcast; all_reduce: planAllReduceOneShot, or planAllReduceRsAg for more than
+//  one slot on more than two ranks (each rank copies ~2x the chunk up instead of W x).
+// P2P path (every pair p2p): hand-written push model over CUDA IPC, not a Plan yet. A reader
+// signals ARM (its buffer may be overwritten: its stream reached this op), a writer waits ARM,
+// copies D2D straight into the reader's IPC-mapped buffer, signals DATA; the reader waits DATA.
+// all_reduce always takes the host path.
 //
 // Threading/streams: a CeGroup is not thread-safe and must be driven from one stream per group
-// (the comm stream): host-mode DONE flags are written by the CPU after synchronising that
-// stream, and an older stream-ordered write on another stream could move a flag backwards.
+// (the comm stream): the flags' sequence numbers assume one order of ops, and writes from two
+// streams could move a flag backwards.
 // Destruction first waits (up to the timeout) for the work this group enqueued, since it
 // unregisters and unmaps memory those copies target; if that work never finishes, it reports the
 // unsatisfied flags and leaves the memory mapped rather than let the DMA hit freed pages.
@@ -41,6 +35,7 @@
 
 #include "transport/ce/ce_copy.h"
 #include "transport/ce/ce_ipc.h"
+#include "transport/ce/ce_plan_executor.h"
 #include "transport/ce/ce_reduce.h"
 #include "transport/ce/ce_sync.h"
 
@@ -83,6 +78,8 @@ class CeGroup {
 
   const std::vector<PeerInfo>& peers() const { return peers_; }
   std::string describePaths() const;  // e.g. "0:host 1:p2p"
+  // The algorithm of the last op's plan, e.g. "allreduce/rs-ag" ("p2p/push" on the p2p path).
+  const std::string& lastAlgo() const { return lastAlgo_; }
   int rank() const { return rank_; }
 
   // Watchdog: waits until the work this group last enqueued has run; after `timeout` throws,
@@ -93,7 +90,7 @@ class CeGroup {
   size_t ipcStoreKeys() const { return ipc_->exportedKeys(); }
 
  private:
-  enum Flag { kReady = 0, kDone, kArm, kData, kFlagSets };
+  enum Flag { kBarrier = 0, kArm, kData, kFlagSets };
   CeSync& flags(Flag f) { return *sync_[f]; }
   struct P2PWrite {
     int peer;
@@ -104,17 +101,11 @@ class CeGroup {
   std::vector<int> peersOn(CePath path) const;
   std::vector<int> everyone() const;  // every rank but this one
   bool allP2P() const;
-  uint32_t beginRound(CUstream s, bool publish);
-  void publishReady(CUstream s, uint32_t round);
-  void stageOut(CUstream s, uint32_t round, size_t slotOffset, CUdeviceptr src, size_t len);
-  void consume(CUstream s, int from, uint32_t round, size_t slotOffset, CUdeviceptr dst, size_t len);
+  PlanRequest request(OpKind kind, int64_t elemSize, int64_t bytes, int root = 0) const;
   void pushP2P(CUstream s, CUdeviceptr myDst, size_t myDstBytes, const std::vector<P2PWrite>& writes,
                const std::vector<int>& writers);
-  void reduceChunkGpu(CUstream s, CUdeviceptr dst, int64_t count, c10::ScalarType dtype, RedOp op, double factor,
-                      uint32_t round);
-  void reduceChunkHost(CUstream s, CUdeviceptr dst, int64_t count, c10::ScalarType dtype, RedOp op, double factor,
-                       uint32_t round);
-  void hostWaitAll(Flag f, uint32_t seq, const char* what);
+  void runPlan(CUstream stream, const Plan& plan, const CePlanArgs& args);
+  void syncStream(CUstream s, const char* what);
   void waitForEvent(CUevent e, std::chrono::steady_clock::time_point deadline, const std::string& what);
   void finishOp(CUstream s) noexcept;
 
@@ -127,14 +118,11 @@ class CeGroup {
   std::vector<std::unique_ptr<CeSync>> sync_;
   std::unique_ptr<HostStaging> staging_;
   std::unique_ptr<IpcExchange> ipc_;
-  std::unique_ptr<ReduceKernel> reduce_;  // gpu mode only
-  std::unique_ptr<DeviceBuffer> scratch_; // gpu mode: world slots of peers' chunks
-  CUevent done_ = nullptr;       // recorded after each op: what synchronize() and teardown wait for
+  std::unique_ptr<CePlanExecutor> exec_;  // the host path
+  CUevent done_ = nullptr;        // recorded after each op: what synchronize() and teardown wait for
   CUevent streamSync_ = nullptr;  // host reductions: "the stream reached here"
-  uint32_t round_;                       // last staging round (same on every rank; cyclic)
-  uint32_t lastRoundInSlot_[2] = {0, 0};  // round this rank last published in each slot
-  bool slotUsed_[2] = {false, false};     // (a round number may be 0 after wrap-around)
-  uint32_t opSeq_;                        // last p2p op (same on every rank; cyclic)
+  uint32_t opSeq_;                // last p2p op (same on every rank; cyclic)
+  std::string lastAlgo_;
 };
 
 #endif  // HOCCL_WITH_CUDA

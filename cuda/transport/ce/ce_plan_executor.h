@@ -1,0 +1,91 @@
+// Runs a Plan (plan/plan.h) on the copy-engine transport's host path by enqueueing its steps on
+// one stream: the same plans the CPU executor (exec/executor.cpp) runs, so an algorithm is written
+// once for both. The host is not blocked, except by host-side reductions.
+//
+//  Copy   Slot <- In/Out   D2H into this rank's pinned shared staging slot (copy engine)
+//         In/Out <- Slot   H2D out of any rank's slot (copy engine)
+//         In/Out <- In/Out through a private pinned bounce buffer (D2H + H2D): a same-device
+//                          D2D might run on SMs, a copy to or from pinned host memory does not
+//  Barrier                 stream write of this rank's barrier count to every peer, then one batch
+//                          of stream waits for every peer's count (ce_sync: cyclic >=). Like the
+//                          CPU's barrier it is full, so the plans' slot-reuse rule holds as is: a
+//                          slot is rewritten only after a barrier every reader of its previous
+//                          contents reached after reading them.
+//  Reduce (sources: slots) gpu: H2D every source into device scratch, one bounded kernel
+//                          (ce_reduce), a slot destination gets the result by D2H;
+//                          host: the CPU waits for the stream, reduces from the shared slots.
+// Plans that read peers' buffers in place (PeerIn/PeerOut) are refused: the p2p path keeps its
+// own code in ce_collectives.cpp.
+//
+// Like the CPU executor it owns the counters every rank advances identically (barrier sequence,
+// staging-buffer cursor), so every rank of a group must run the same sequence of plan shapes.
+#pragma once
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "plan/plan.h"
+#include "transport/ce/ce_copy.h"
+#include "transport/ce/ce_reduce.h"
+#include "transport/ce/ce_sync.h"
+
+namespace hoccl {
+
+#ifdef HOCCL_WITH_CUDA
+
+// One op's device blocks (plan locations In(i) / Out(i)) and its reduction.
+struct CePlanArgs {
+  std::vector<CUdeviceptr> in, out;
+  c10::ScalarType dtype = c10::ScalarType::Byte;
+  RedOp op = RedOp::Sum;
+  double factor = 1.0;  // PREMUL_SUM
+};
+
+class CePlanExecutor {
+ public:
+  // Blocks the host until `stream` ran everything enqueued so far (throws on timeout, naming
+  // the unsatisfied waits): host reductions read what the stream copied.
+  using SyncStream = std::function<void(CUstream stream, const char* what)>;
+
+  // `barrier` flags hold `firstSeq` on every rank; `staging` has two slots per rank.
+  CePlanExecutor(CeSync& barrier, const HostStaging& staging, int device, ReduceOn reduceOn, int reduceCtas,
+                 uint32_t firstSeq, SyncStream syncStream);
+  CePlanExecutor(const CePlanExecutor&) = delete;
+  CePlanExecutor& operator=(const CePlanExecutor&) = delete;
+
+  // Enqueues `plan` on `stream` (the caller's context is the device's primary context).
+  void run(CUstream stream, const Plan& plan, const CePlanArgs& args);
+
+ private:
+  struct Where {
+    bool host;          // a staging slot (pinned host memory), else device memory
+    void* hostPtr;      // when host
+    CUdeviceptr dev;    // when device
+  };
+  Where resolve(const Loc& loc, const CePlanArgs& args) const;
+  void copy(CUstream s, const Step& step, const CePlanArgs& args);
+  void deviceCopy(CUstream s, CUdeviceptr dst, CUdeviceptr src, size_t bytes);
+  void barrier(CUstream s);
+  void reduce(CUstream s, const Step& step, const CePlanArgs& args);
+  void reduceOnGpu(CUstream s, const Step& step, const Where& dst, const std::vector<void*>& srcs,
+                   const CePlanArgs& args);
+  void reduceOnHost(CUstream s, const Step& step, const Where& dst, const std::vector<void*>& srcs,
+                    const CePlanArgs& args);
+
+  CeSync& barrier_;
+  const HostStaging& staging_;
+  SyncStream syncStream_;
+  std::vector<int> peers_;
+  PinnedHostBuffer bounce_;                 // device-local copies, one slot's size per pass
+  std::unique_ptr<ReduceKernel> kernel_;    // gpu reductions only
+  std::unique_ptr<DeviceBuffer> scratch_;   // gpu reductions: world source slots + one result slot
+  uint32_t barrierSeq_;                     // last barrier (same on every rank; cyclic)
+  uint32_t bufCursor_ = 0;                  // staging-buffer cursor, as in exec/executor.cpp
+};
+
+#endif  // HOCCL_WITH_CUDA
+
+}  // namespace hoccl
