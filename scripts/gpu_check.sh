@@ -3,7 +3,8 @@
 #
 #   bash scripts/gpu_check.sh 1   # <= ~570 s of stage limits: build, driver + probe, sm_free (copies while a
 #                                 #   kernel fills every SM), host-path CUDA tests (world 2)
-#   bash scripts/gpu_check.sh 2   # <= ~280 s, right after (warm): p2p tests, zero-kernel profile,
+#   bash scripts/gpu_check.sh 2   # <= ~300 s, right after (warm): p2p tests, multi-host CUDA tests (2
+#                                 #   HOCCL_HOSTNAME hosts on the one GPU), zero-kernel profile,
 #                                 #   bandwidth vs raw copies, overlap benchmark
 #
 # Call 1 builds in place with CUDA_HOME taken from nvcc and stops at once if the extension lacks
@@ -92,6 +93,8 @@ if [ "$CALL" = 1 ]; then
 else
   HOCCL_CE_PATH=p2p pytest_stage "p2p path: primitives + collectives" 110 60 tests/test_cuda_ce.py \
     tests/test_cuda_collectives.py
+  # One spawn of 4 ranks serves the whole file (a module fixture): startup dominates.
+  pytest_stage "multi-host CUDA via host staging" 20 20 tests/test_cuda_multihost.py
   HOCCL_CE_PATH=host stage "profile path=host" 40 python3 scripts/gpu_checks.py profile --world 2
   HOCCL_CE_PATH=host stage "bandwidth path=host" 40 python3 scripts/gpu_checks.py bandwidth --world 2 --mbytes 256
   HOCCL_CE_PATH=p2p stage "bandwidth path=p2p" 40 python3 scripts/gpu_checks.py bandwidth --world 2 --mbytes 256

@@ -16,8 +16,7 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
-#include <unordered_map>
-
+#include "backend/cuda_staging.h"
 #include "backend/process_group.h"
 
 #ifdef HOCCL_WITH_CUDA
@@ -56,15 +55,7 @@ bool WorkHOCCL::isCompleted() {
   return !endEvent_ || endEvent_->query();
 }
 
-c10::Stream ProcessGroupHOCCL::commStream(c10::Device device) {
-  if (!comm_) {
-    c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
-    comm_ = impl.getStreamFromGlobalPool(device, /*isHighPriority=*/true);
-  }
-  TORCH_CHECK(comm_->device() == device, "hoccl on rank ", rank_, ": this group already uses ", comm_->device(),
-              " and cannot also move tensors on ", device, " (one device per process group, like NCCL)");
-  return *comm_;
-}
+c10::Stream ProcessGroupHOCCL::commStream(c10::Device device) { return staging::commStreamOn(comm_, device, rank_); }
 
 void* ProcessGroupHOCCL::ceGroup(c10::Device device) {
 #ifdef HOCCL_WITH_CUDA
@@ -79,29 +70,6 @@ void* ProcessGroupHOCCL::ceGroup(c10::Device device) {
 #endif
 }
 
-// CUDA graph capture is refused here, on the caller's thread and before the comm stream waits on
-// the caller's (capturing) stream: that wait would join the comm stream into the capture, and the
-// user would get an unjoined-capture error from capture_end instead of hoccl's reason.
-static void refuseCallerCapture(const c10::Stream& current, const std::string& op) {
-#ifdef HOCCL_WITH_CUDA
-  cu::ContextGuard ctx(current.device_index());
-  ceRefuseCapture(reinterpret_cast<CUstream>(current.native_handle()), op.c_str());
-#endif
-}
-
-// Shared prologue: order the comm stream after the caller's stream and keep tensors alive.
-static c10::Stream orderAfterCaller(c10::Stream comm, const std::vector<at::Tensor>& tensors, const std::string& op) {
-  c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
-  c10::Stream current = impl.getStream(comm.device());
-  refuseCallerCapture(current, op);
-  c10::Event ready(c10::DeviceType::CUDA);
-  ready.record(current);
-  ready.block(comm);
-  for (const auto& t : tensors)
-    if (t.defined() && t.is_cuda()) t.record_stream(comm);
-  return comm;
-}
-
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::enqueueCuda(c10d::OpType type, const std::vector<at::Tensor>& inputs,
                                                               const std::vector<at::Tensor>& outputs,
                                                               std::function<void(c10::Stream)> deviceBody) {
@@ -109,7 +77,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::enqueueCuda(c10d::OpType type,
   c10::Stream comm = commStream(device);
   std::vector<at::Tensor> all = inputs;
   all.insert(all.end(), outputs.begin(), outputs.end());
-  orderAfterCaller(comm, all, c10d::opTypeToString(type));
+  staging::orderAfterCaller(comm, all, c10d::opTypeToString(type));
   auto work = c10::make_intrusive<WorkHOCCL>(rank_, type, outputs);
   work->setCommStream(comm);
   auto end = std::make_shared<c10::Event>(c10::DeviceType::CUDA);
@@ -132,19 +100,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::enqueueCuda(c10d::OpType type,
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::enqueueCudaViaHost(
     c10d::OpType type, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
     std::function<void(const std::vector<at::Tensor>&, const std::vector<at::Tensor>&)> hostBody) {
-  // Host mirrors; a tensor that is both input and output (in-place ops) gets one mirror.
-  std::unordered_map<c10::TensorImpl*, at::Tensor> mirror;
-  auto hostOf = [&](const at::Tensor& t) {
-    if (!t.defined()) return t;
-    auto it = mirror.find(t.unsafeGetTensorImpl());
-    if (it != mirror.end()) return it->second;
-    at::Tensor h = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true));
-    mirror.emplace(t.unsafeGetTensorImpl(), h);
-    return h;
-  };
-  std::vector<at::Tensor> hostIns, hostOuts;
-  for (const auto& t : inputs) hostIns.push_back(hostOf(t));
-  for (const auto& t : outputs) hostOuts.push_back(hostOf(t));
+  staging::HostMirrors mirrors;
+  std::vector<at::Tensor> hostIns = mirrors.of(inputs), hostOuts = mirrors.of(outputs);
   // The CPU op's own checks run now, on the caller's thread; its body is captured, not queued.
   Body cpuBody;
   captureSlot = &cpuBody;
@@ -158,12 +115,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::enqueueCudaViaHost(
   TORCH_CHECK(cpuBody, "hoccl: internal error: no host body captured");
   return enqueueCuda(type, inputs, outputs, [inputs, outputs, hostIns, hostOuts, cpuBody](c10::Stream comm) {
     c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
-    for (size_t i = 0; i < inputs.size(); ++i)
-      if (inputs[i].defined()) hostIns[i].copy_(inputs[i], /*non_blocking=*/true);  // D2H: copy engine
+    staging::copyAll(hostIns, inputs);  // D2H: copy engine
     impl.synchronizeStream(comm);
     cpuBody();
-    for (size_t i = 0; i < outputs.size(); ++i)
-      if (outputs[i].defined()) outputs[i].copy_(hostOuts[i], /*non_blocking=*/true);  // H2D: copy engine
+    staging::copyAll(outputs, hostOuts);  // H2D: copy engine
     // The pinned mirrors must outlive the H2D copies.
     impl.synchronizeStream(comm);
   });
@@ -175,17 +130,9 @@ std::optional<c10::intrusive_ptr<c10d::Work>> ProcessGroupHOCCL::tryCuda(
     std::function<void(c10::Stream)> ceBody) {
   std::vector<at::Tensor> all = inputs;
   all.insert(all.end(), outputs.begin(), outputs.end());
-  if (!anyCuda(all)) return std::nullopt;
-  c10::Device device = c10::Device(c10::DeviceType::CUDA, 0);
-  bool first = true;
-  for (const auto& t : all) {
-    if (!t.defined()) continue;
-    TORCH_CHECK(t.is_cuda(), "hoccl ", op, " on rank ", rank_, ": mixes CUDA and ", t.device(), " tensors");
-    if (first) device = t.device();
-    TORCH_CHECK(t.device() == device, "hoccl ", op, " on rank ", rank_, ": tensors on ", device, " and ",
-                t.device());
-    first = false;
-  }
+  std::optional<c10::Device> cuda = staging::cudaDeviceOf(all, op, rank_);
+  if (!cuda) return std::nullopt;
+  [[maybe_unused]] const c10::Device device = *cuda;  // the copy-engine path's (CUDA builds only)
   bool contiguous = true;
   for (const auto& t : all) contiguous = contiguous && (!t.defined() || t.is_contiguous());
 #ifdef HOCCL_WITH_CUDA
@@ -202,25 +149,12 @@ std::optional<c10::intrusive_ptr<c10d::Work>> ProcessGroupHOCCL::tryCuda(
 }
 
 at::Tensor ProcessGroupHOCCL::cudaHostMirror(const at::Tensor& t, bool copyIn) {
-  c10::Stream comm = commStream(t.device());
-  orderAfterCaller(comm, {t}, copyIn ? "send" : "recv");
-  at::Tensor host = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true));
-  if (copyIn) {
-    c10::StreamGuard guard(comm);
-    host.copy_(t, /*non_blocking=*/true);
-    c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA).synchronizeStream(comm);
-  }
-  return host;
+  return staging::hostMirror(commStream(t.device()), t, copyIn);
 }
 
 void ProcessGroupHOCCL::finishCudaRecv(const at::Tensor& user, const at::Tensor& host, c10::Stream comm,
                                        WorkHOCCL& work) {
-  c10::StreamGuard guard(comm);
-  user.copy_(host, /*non_blocking=*/true);
-  auto end = std::make_shared<c10::Event>(c10::DeviceType::CUDA);
-  end->record(comm);
-  c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA).synchronizeStream(comm);  // host mirror dies after this
-  work.setEndEvent(end);
+  work.setEndEvent(staging::copyBackAfterRecv(user, host, comm));
 }
 
 #ifdef HOCCL_WITH_CUDA

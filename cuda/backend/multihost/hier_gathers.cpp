@@ -13,6 +13,8 @@ void checkMultiHostTensor(const at::Tensor& t, const char* op, int rank);
 
 namespace {
 
+using Tensors = std::vector<at::Tensor>;
+
 // A dtype-blind op: members agree on the bytes each rank contributes (all_gather keeps the
 // kind of the list form for the tensor form, which moves the same bytes).
 OpSignature bytesSignature(c10d::OpType kind, const at::Tensor& t, int64_t root = -1) {
@@ -125,6 +127,12 @@ void MultiHostGroup::allgatherFlat(const char* op, const at::Tensor& in, const s
 c10::intrusive_ptr<c10d::Work> MultiHostGroup::broadcast(std::vector<at::Tensor>& tensors,
                                                          const c10d::BroadcastOptions& opts) {
   TORCH_CHECK(tensors.size() == 1, "hoccl broadcast on rank ", rank_, ": expects one tensor, got ", tensors.size());
+  if (auto w = viaHost("broadcast", c10d::OpType::BROADCAST, tensors, tensors,
+                       [this, opts](const Tensors&, const Tensors& outs) {
+                         Tensors v{outs[0]};
+                         return broadcast(v, opts);
+                       }))
+    return *w;
   checkMultiHostTensor(tensors[0], "broadcast", rank_);
   const int root = static_cast<int>(opts.rootRank);
   checkRoot(root, size_, "broadcast", rank_);
@@ -139,11 +147,18 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::broadcast(std::vector<at::Tensor>
 
 c10::intrusive_ptr<c10d::Work> MultiHostGroup::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                          std::vector<at::Tensor>& inputs,
-                                                         const c10d::AllgatherOptions&) {
+                                                         const c10d::AllgatherOptions& opts) {
   TORCH_CHECK(inputs.size() == 1 && outputs.size() == 1, "hoccl all_gather on rank ", rank_,
               ": expects one input and one output list");
   TORCH_CHECK((int)outputs[0].size() == size_, "hoccl all_gather on rank ", rank_, ": expects ", size_,
               " outputs, got ", outputs[0].size());
+  if (auto w = viaHost("all_gather", c10d::OpType::ALLGATHER, inputs, outputs[0],
+                       [this, opts](const Tensors& ins, const Tensors& outs) {
+                         std::vector<Tensors> o{outs};
+                         Tensors i = ins;
+                         return allgather(o, i, opts);
+                       }))
+    return *w;
   checkMultiHostTensor(inputs[0], "all_gather", rank_);
   std::vector<Staged> staged;
   for (auto& o : outputs[0]) {
@@ -163,7 +178,13 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::allgather(std::vector<std::vector
 }
 
 c10::intrusive_ptr<c10d::Work> MultiHostGroup::_allgather_base(at::Tensor& output, at::Tensor& input,
-                                                               const c10d::AllgatherOptions&) {
+                                                               const c10d::AllgatherOptions& opts) {
+  if (auto w = viaHost("all_gather_into_tensor", c10d::OpType::_ALLGATHER_BASE, {input}, {output},
+                       [this, opts](const Tensors& ins, const Tensors& outs) {
+                         at::Tensor i = ins[0], o = outs[0];
+                         return _allgather_base(o, i, opts);
+                       }))
+    return *w;
   checkMultiHostTensor(input, "all_gather_into_tensor", rank_);
   checkMultiHostTensor(output, "all_gather_into_tensor", rank_);
   TORCH_CHECK(output.numel() == input.numel() * size_ && input.scalar_type() == output.scalar_type(),
@@ -211,6 +232,15 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::gather(std::vector<std::vector<at
   TORCH_CHECK(inputs.size() == 1, "hoccl gather on rank ", rank_, ": expects one input");
   const int root = static_cast<int>(opts.rootRank);
   checkRoot(root, size_, "gather", rank_);
+  const bool noOutputs = outputs.empty();
+  if (auto w = viaHost("gather", c10d::OpType::GATHER, inputs, noOutputs ? Tensors{} : outputs[0],
+                       [this, opts, noOutputs](const Tensors& ins, const Tensors& outs) {
+                         std::vector<Tensors> o;
+                         if (!noOutputs) o.push_back(outs);
+                         Tensors i = ins;
+                         return gather(o, i, opts);
+                       }))
+    return *w;
   checkMultiHostTensor(inputs[0], "gather", rank_);
   std::vector<Staged> staged;
   if (rank_ == root) {
@@ -248,6 +278,15 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::scatter(std::vector<at::Tensor>& 
   TORCH_CHECK(outputs.size() == 1, "hoccl scatter on rank ", rank_, ": expects one output");
   const int root = static_cast<int>(opts.rootRank);
   checkRoot(root, size_, "scatter", rank_);
+  const bool noInputs = inputs.empty();
+  if (auto w = viaHost("scatter", c10d::OpType::SCATTER, noInputs ? Tensors{} : inputs[0], outputs,
+                       [this, opts, noInputs](const Tensors& ins, const Tensors& outs) {
+                         std::vector<Tensors> i;
+                         if (!noInputs) i.push_back(ins);
+                         Tensors o = outs;
+                         return scatter(o, i, opts);
+                       }))
+    return *w;
   checkMultiHostTensor(outputs[0], "scatter", rank_);
   at::Tensor packed;
   if (rank_ == root) {

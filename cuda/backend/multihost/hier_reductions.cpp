@@ -12,6 +12,8 @@ namespace hoccl {
 
 namespace {
 
+using Tensors = std::vector<at::Tensor>;
+
 void checkHostTensor(const at::Tensor& t, const char* op, int rank) {
   TORCH_CHECK(!t.defined() || !t.is_cuda(), "hoccl ", op, " on rank ", rank,
               ": CUDA tensors in a group spanning hosts are not supported yet (copy to the CPU first)");
@@ -222,6 +224,12 @@ void MultiHostGroup::reduceScatterRails(const char* op, const std::vector<at::Te
 c10::intrusive_ptr<c10d::Work> MultiHostGroup::allreduce(std::vector<at::Tensor>& tensors,
                                                          const c10d::AllreduceOptions& opts) {
   TORCH_CHECK(tensors.size() == 1, "hoccl all_reduce on rank ", rank_, ": expects one tensor, got ", tensors.size());
+  if (auto w = viaHost("all_reduce", c10d::OpType::ALLREDUCE, tensors, tensors,
+                       [this, opts](const Tensors&, const Tensors& outs) {
+                         Tensors v{outs[0]};
+                         return allreduce(v, opts);
+                       }))
+    return *w;
   double factor;
   RedOp op = toRedOp(opts.reduceOp, &factor, "all_reduce");
   checkHostTensor(tensors[0], "all_reduce", rank_);
@@ -236,6 +244,12 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::allreduce(std::vector<at::Tensor>
 
 c10::intrusive_ptr<c10d::Work> MultiHostGroup::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                    const c10d::AllreduceCoalescedOptions& opts) {
+  if (auto w = viaHost("allreduce_coalesced", c10d::OpType::ALLREDUCE_COALESCED, tensors, tensors,
+                       [this, opts](const Tensors&, const Tensors& outs) {
+                         Tensors v = outs;
+                         return allreduce_coalesced(v, opts);
+                       }))
+    return *w;
   double factor;
   RedOp op = toRedOp(opts.reduceOp, &factor, "allreduce_coalesced");
   std::vector<Staged> staged;
@@ -256,6 +270,12 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::allreduce_coalesced(std::vector<a
 // The root gets the all-reduced value; other ranks keep their input.
 c10::intrusive_ptr<c10d::Work> MultiHostGroup::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
   TORCH_CHECK(tensors.size() == 1, "hoccl reduce on rank ", rank_, ": expects one tensor, got ", tensors.size());
+  if (auto w = viaHost("reduce", c10d::OpType::REDUCE, tensors, tensors,
+                       [this, opts](const Tensors&, const Tensors& outs) {
+                         Tensors v{outs[0]};
+                         return reduce(v, opts);
+                       }))
+    return *w;
   double factor;
   RedOp op = toRedOp(opts.reduceOp, &factor, "reduce");
   checkHostTensor(tensors[0], "reduce", rank_);
@@ -279,6 +299,13 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::reduce_scatter(std::vector<at::Te
               ": expects one output and one input list");
   TORCH_CHECK((int)inputs[0].size() == size_, "hoccl reduce_scatter on rank ", rank_, ": expects ", size_,
               " inputs, got ", inputs[0].size());
+  if (auto w = viaHost("reduce_scatter", c10d::OpType::REDUCE_SCATTER, inputs[0], outputs,
+                       [this, opts](const Tensors& ins, const Tensors& outs) {
+                         Tensors o = outs;
+                         std::vector<Tensors> i{ins};
+                         return reduce_scatter(o, i, opts);
+                       }))
+    return *w;
   double factor;
   RedOp op = toRedOp(opts.reduceOp, &factor, "reduce_scatter");
   checkHostTensor(outputs[0], "reduce_scatter", rank_);
@@ -299,6 +326,12 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::reduce_scatter(std::vector<at::Te
 
 c10::intrusive_ptr<c10d::Work> MultiHostGroup::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                     const c10d::ReduceScatterOptions& opts) {
+  if (auto w = viaHost("reduce_scatter_tensor", c10d::OpType::_REDUCE_SCATTER_BASE, {input}, {output},
+                       [this, opts](const Tensors& ins, const Tensors& outs) {
+                         at::Tensor i = ins[0], o = outs[0];
+                         return _reduce_scatter_base(o, i, opts);
+                       }))
+    return *w;
   checkHostTensor(input, "reduce_scatter_tensor", rank_);
   checkHostTensor(output, "reduce_scatter_tensor", rank_);
   TORCH_CHECK(input.numel() == output.numel() * size_ && input.scalar_type() == output.scalar_type(),

@@ -76,6 +76,7 @@ at::Tensor MultiHostGroup::scratch(int64_t bytes) {
 c10::intrusive_ptr<c10d::Work> MultiHostGroup::enqueue(c10d::OpType type, std::vector<at::Tensor> outputs,
                                                        Body body) {
   auto work = c10::make_intrusive<WorkHOCCL>(rank_, type, std::move(outputs));
+  if (captured(body)) return work;
   issued_.fetch_add(1);
   std::lock_guard<std::mutex> lock(mutex_);
   TORCH_CHECK(!stopping_, "hoccl: rank ", rank_, ": the process group was shut down");

@@ -14,6 +14,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "backend/multihost/framed_p2p.h"
@@ -111,6 +112,20 @@ class MultiHostGroup : public c10d::Backend {
  private:
   using Body = std::function<void()>;
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, std::vector<at::Tensor> outputs, Body body);
+
+  // CUDA tensors (cuda_staging.cpp): D2H into pinned host mirrors on the comm stream, the CPU op
+  // (`call`, given the mirrors in the order of `inputs` and `outputs`) over them, H2D back.
+  // None when no tensor is on a GPU; the op's own checks raise on the caller's thread.
+  using HostCall = std::function<c10::intrusive_ptr<c10d::Work>(const std::vector<at::Tensor>& hostInputs,
+                                                                const std::vector<at::Tensor>& hostOutputs)>;
+  std::optional<c10::intrusive_ptr<c10d::Work>> viaHost(const char* op, c10d::OpType type,
+                                                        const std::vector<at::Tensor>& inputs,
+                                                        const std::vector<at::Tensor>& outputs, HostCall call);
+  // send/recv of a CUDA tensor through a pinned host mirror; none for a CPU tensor.
+  std::optional<c10::intrusive_ptr<c10d::Work>> p2pViaHost(bool isSend, const at::Tensor& t, int peer, int tag);
+  // While viaHost runs the CPU op on this thread, enqueue() hands the op's body here instead of
+  // queueing it.
+  bool captured(Body& body);
   void workerLoop();
   void setAlgorithm(const char* name);
   // A send/recv work joins the coalesced group while coalescing (batch_isend_irecv waits that).
@@ -179,6 +194,7 @@ class MultiHostGroup : public c10d::Backend {
   at::Tensor scratch_;
   uint32_t crossTags_ = 0;
   std::shared_ptr<FramedP2P> framed_;  // send/recv over groups_.p2p
+  std::optional<c10::Stream> comm_;    // CUDA tensors' comm stream (caller's thread only)
   std::thread worker_;
 };
 
