@@ -41,7 +41,7 @@ int relayFor(const HostLayout& layout, int srcHost, int dst);
 struct AlltoallCosts {
   double messageSec = 250e-6;      // alpha: one cross-host message at the rank that sends or receives it
   double linkBytesPerSec = 0.5e9;  // beta: one host's link, each way
-  double copyBytesPerSec = 2e9;    // gamma: one rank's memory copies inside a host
+  double copyBytesPerSec = 1e9;    // gamma: one rank's memory copies inside a host, allocations included
 };
 
 // Estimated seconds of one form for this matrix: alpha x the most messages any rank sends plus
