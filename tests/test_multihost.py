@@ -18,13 +18,28 @@ def every_op_default_group(rank, world):
     import torch
     import torch.distributed as dist
 
-    from multihost.checks import every_op
+    from multihost.checks import check_all_to_all_forms, check_auto_form, every_op
 
     pg = dist.group.WORLD._get_backend(torch.device("cpu"))
     counts = every_op(pg, rank, world)
     counts["algorithm"] = pg.last_algorithm()
     counts["hosts"] = pg.hosts()
+    if os.environ.get("HOCCL_CHECK_ACROSS_HOSTS") != "0":  # auto needs the exchanged split matrix
+        counts["auto_form"] = check_auto_form(pg, rank, world, pg.hosts())
+    counts["forms"] = check_all_to_all_forms(lambda form: _group_over(f"form-{form}", rank, world), rank, world)
     return counts
+
+
+def _group_over(prefix, group_rank, world):
+    """Another hoccl group over the job's ranks (a store prefix of its own)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from hoccl_backend._registration import _create
+
+    store = dist.PrefixStore(prefix, dist.distributed_c10d._get_default_store())
+    return _create(store, group_rank, world, timedelta(seconds=60))
 
 
 def every_op_interleaved(rank, world):
@@ -35,7 +50,7 @@ def every_op_interleaved(rank, world):
     import torch.distributed as dist
 
     from hoccl_backend._registration import _create
-    from multihost.checks import every_op
+    from multihost.checks import check_all_to_all_forms, check_auto_form, every_op
 
     half = world // 2
     group_rank = (rank % half) * 2 + rank // half
@@ -43,7 +58,10 @@ def every_op_interleaved(rank, world):
     pg = _create(store, group_rank, world, timedelta(seconds=60))
     counts = every_op(pg, group_rank, world)
     counts["hosts"] = pg.hosts()
+    counts["auto_form"] = check_auto_form(pg, group_rank, world, pg.hosts())
     pg.shutdown()
+    counts["forms"] = check_all_to_all_forms(lambda form: _group_over(f"interleaved-{form}", group_rank, world),
+                                             group_rank, world)
     return group_rank, counts
 
 

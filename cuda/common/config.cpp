@@ -65,6 +65,10 @@ const std::vector<Variable> kTable = {
     {"HOCCL_CHECK_ACROSS_HOSTS", K::Choice, R::Core, "1", "0,1",
      "across hosts, every collective first checks that its arguments agree on every host (one small gloo "
      "all_gather on the rail); 0 skips it: a mismatch then ends a process inside gloo"},
+    {"HOCCL_MULTIHOST_ALLTOALL", K::Choice, R::Core, "auto", "auto,direct,rail",
+     "across hosts, the form of all_to_all: auto (a cost model picks per call from the split matrix), direct "
+     "(every cross-host block point to point) or rail (blocks gathered per rail inside each host, one "
+     "message per remote host)"},
     {"HOCCL_CUDA_TRANSPORT", K::Choice, R::Core, "ce", "ce,host",
      "CUDA tensors: ce (copy engines where covered) or host (host staging for every op)"},
     {"HOCCL_CE_PATH", K::Choice, R::Core, "auto", "auto,p2p,host",

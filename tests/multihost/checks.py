@@ -113,23 +113,64 @@ def _split_matrix(world: int, kind: str) -> torch.Tensor:
     return torch.randint(0, 40, (world, world), generator=g)  # uneven
 
 
-def check_all_to_all(pg, rank: int, world: int) -> int:
+def check_all_to_all(pg, rank: int, world: int, form: str | None = None) -> int:
+    """Every split kind in all_to_all_single (several dtypes) and list all_to_all; with `form`,
+    each op must have run in that form (last_algorithm names it)."""
+    def ran(what):
+        if form is not None:
+            assert pg.last_algorithm() == f"multihost_{form}", f"{what}: ran {pg.last_algorithm()}, not {form}"
+
     done = 0
     for kind in ("equal", "zero", "uneven", "skewed"):
         splits = _split_matrix(world, kind)
-        for dtype in (torch.float32, torch.int16):
+        for dtype in (torch.float32, torch.int16, torch.bfloat16, torch.bool):
             inputs = [make_input(r, 11, int(splits[r].sum()) * 3, dtype).view(-1, 3) for r in range(world)]
             expected = all_to_all_reference(inputs, splits, rank)
             out = torch.empty(int(splits[:, rank].sum()), 3, dtype=dtype)
             pg.alltoall_base(out, inputs[rank], splits[:, rank].tolist(), splits[rank].tolist(),
                              dist.AllToAllOptions()).wait()
             assert_close(out, expected, f"all_to_all_single {kind} {dtype} on rank {rank}")
+            ran(f"all_to_all_single {kind} {dtype} on rank {rank}")
             done += 1
         ins = list(inputs[rank].split(splits[rank].tolist()))
-        outs = [torch.empty(int(splits[s, rank]), 3, dtype=torch.int16) for s in range(world)]
+        outs = [torch.empty(int(splits[s, rank]), 3, dtype=dtype) for s in range(world)]
         pg.alltoall(outs, ins, dist.AllToAllOptions()).wait()
         assert_close(torch.cat(outs), expected, f"all_to_all {kind} on rank {rank}")
+        ran(f"all_to_all {kind} on rank {rank}")
         done += 1
+    return done
+
+
+def check_auto_form(pg, rank: int, world: int, hosts: list) -> int:
+    """HOCCL_MULTIHOST_ALLTOALL=auto on the default cost model: a tiny even all_to_all is
+    latency-bound, so where some host has two ranks the rail form's fewer messages win; 1 MiB
+    blocks are copy-bound, so the direct form wins. Every rank must pick the same."""
+    widest = max(len(h) for h in hosts)
+    for numel, expected in ((world * 4, "rail" if widest > 1 else "direct"), (world << 18, "direct")):
+        t = make_input(rank, 3, numel, torch.float32)
+        out = torch.empty(numel)
+        pg.alltoall_base(out, t, [], [], dist.AllToAllOptions()).wait()
+        inputs = [make_input(r, 3, numel, torch.float32).view(world, -1) for r in range(world)]
+        assert_close(out, torch.cat([inputs[r][rank] for r in range(world)]), f"auto all_to_all x{numel}")
+        assert pg.last_algorithm() == f"multihost_{expected}", \
+            f"auto all_to_all x{numel} on rank {rank}: ran {pg.last_algorithm()}, expected {expected}"
+    return 2
+
+
+def check_all_to_all_forms(make_group, rank: int, world: int) -> int:
+    """Both forms forced (HOCCL_MULTIHOST_ALLTOALL is read when a group is created) on a group
+    of the same placement that make_group() builds."""
+    import os
+
+    done = 0
+    for form in ("direct", "rail"):
+        os.environ["HOCCL_MULTIHOST_ALLTOALL"] = form
+        try:
+            pg = make_group(form)
+        finally:
+            del os.environ["HOCCL_MULTIHOST_ALLTOALL"]
+        done += check_all_to_all(pg, rank, world, form)
+        pg.shutdown()
     return done
 
 

@@ -64,9 +64,9 @@ void MultiHostGroup::agreeOnRail(const char* op, const OpSignature& mine) {
 // shared memory, then sends them to the ranks of every other host in one parallel hop: rank l
 // of host h serves the ranks m of host h' with m % L(h) == l, so every rank hears from exactly
 // one rank of each other host, whatever the hosts' sizes.
-void MultiHostGroup::agreeOnSplits(const char* op, const std::vector<int64_t>& sendBytes,
-                                   const std::vector<int64_t>& recvBytes) {
-  if (!checkAcrossHosts_) return;
+// The send rows form the split matrix the all_to_all forms plan from (alltoall_forms.h).
+SplitMatrix MultiHostGroup::exchangeSplits(const char* op, const std::vector<int64_t>& sendBytes,
+                                           const std::vector<int64_t>& recvBytes, bool check) {
   const int64_t width = 2 * size_;
   std::vector<int64_t> own(sendBytes);
   own.insert(own.end(), recvBytes.begin(), recvBytes.end());
@@ -95,15 +95,24 @@ void MultiHostGroup::agreeOnSplits(const char* op, const std::vector<int64_t>& s
   std::vector<const int64_t*> row(size_);
   for (int h = 0; h < layout_.hosts(); ++h)
     for (size_t i = 0; i < hostRanks[h].size(); ++i) row[hostRanks[h][i]] = rowsOf[h].data_ptr<int64_t>() + i * width;
-  auto sent = [&](int from, int to) { return row[from][to]; };
-  auto expected = [&](int at, int from) { return row[at][size_ + from]; };
+  SplitMatrix matrix{size_, {}, {}};
+  for (int r = 0; r < size_; ++r) {
+    matrix.bytes.insert(matrix.bytes.end(), row[r], row[r] + size_);
+    matrix.expected.insert(matrix.expected.end(), row[r] + size_, row[r] + width);
+  }
+  if (check) checkSplits(op, matrix, false);
+  return matrix;
+}
+
+// Same-host pairs are the local leg's to report, unless a form packs them into a leg of its own.
+void MultiHostGroup::checkSplits(const char* op, const SplitMatrix& m, bool sameHostToo) {
   for (int from = 0; from < size_; ++from)
     for (int to = 0; to < size_; ++to) {
-      if (sent(from, to) == expected(to, from)) continue;
-      if (layout_.hostOf(from) == layout_.hostOf(to)) continue;  // the local leg reports these
-      mismatchAcrossHosts(op, "rank " + std::to_string(from) + " sends " + std::to_string(sent(from, to)) +
+      if (m.at(from, to) == m.expectedAt(to, from)) continue;
+      if (!sameHostToo && layout_.hostOf(from) == layout_.hostOf(to)) continue;
+      mismatchAcrossHosts(op, "rank " + std::to_string(from) + " sends " + std::to_string(m.at(from, to)) +
                                   " bytes to rank " + std::to_string(to) + ", which expects " +
-                                  std::to_string(expected(to, from)));
+                                  std::to_string(m.expectedAt(to, from)));
     }
 }
 

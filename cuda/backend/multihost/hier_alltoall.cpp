@@ -1,7 +1,8 @@
 // all_to_all across hosts: blocks between ranks of one host move through the host's shared
 // memory while the blocks that cross hosts go straight to their destination over the global
 // gloo group, at the same time. Each cross-host byte crosses once, so the link carries exactly
-// the cross-host part of the split matrix (the direct form of docs/multihost.md).
+// the cross-host part of the split matrix (the direct form of docs/multihost.md). The rail form
+// is in hier_alltoall_rail.cpp; alltoall_forms.h holds the cost model that picks between them.
 #include "backend/multihost/legs.h"
 #include "backend/multihost/multihost_group.h"
 #include "backend/tensor_args.h"
@@ -29,15 +30,28 @@ std::vector<at::Tensor> byteBlocks(const at::Tensor& t, const std::vector<int64_
 
 }  // namespace
 
+// The form follows the split matrix every rank holds after the exchange, so every rank picks the
+// same one. Without the cross-host check (and unless rail is forced) there is no matrix: direct.
 void MultiHostGroup::alltoallBytes(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs,
                                    const char* op) {
-  setAlgorithm("multihost_direct");
   std::vector<int64_t> sendBytes, recvBytes;
   for (int r = 0; r < size_; ++r) {
     sendBytes.push_back(ins[r].numel());
     recvBytes.push_back(outs[r].numel());
   }
-  agreeOnSplits(op, sendBytes, recvBytes);
+  if (!checkAcrossHosts_ && alltoallChoice_ != AlltoallChoice::Rail) return alltoallDirect(ins, outs, op);
+  const SplitMatrix m = exchangeSplits(op, sendBytes, recvBytes, checkAcrossHosts_);
+  AlltoallForm form = alltoallChoice_ == AlltoallChoice::Rail     ? AlltoallForm::Rail
+                      : alltoallChoice_ == AlltoallChoice::Direct ? AlltoallForm::Direct
+                                                                  : chooseForm(layout_, m, alltoallCosts_);
+  if (form == AlltoallForm::Direct) return alltoallDirect(ins, outs, op);
+  checkSplits(op, m, true);  // the rail form packs same-host blocks into its own host leg
+  alltoallRail(ins, outs, op, m);
+}
+
+void MultiHostGroup::alltoallDirect(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs,
+                                    const char* op) {
+  setAlgorithm("multihost_direct");
   std::vector<at::Tensor> localIns, localOuts;
   for (int r = 0; r < size_; ++r) {
     if (layout_.hostOf(r) != host_) continue;

@@ -1,8 +1,25 @@
 #include "backend/multihost/multihost_group.h"
 
+#include <algorithm>
 #include <sstream>
 
 namespace hoccl {
+
+namespace {
+
+// The timeout of the host's legs. A rank waiting in a host leg may be waiting for a host peer
+// that is still inside an inter-host leg with a lost host, and that leg reports the loss (naming
+// the host) only when gloo's own timeout ends it, counted from when the peer entered it. The
+// peer can enter it after this rank began waiting (it finishes the previous leg later under
+// load), so with equal timeouts this rank's host leg could expire first and report a timeout
+// "waiting for rank 1" instead of the lost host. The host legs therefore wait a grace longer:
+// a peer's inter-host failure always breaks the host group before this rank gives up on it.
+std::chrono::milliseconds hostLegTimeout(std::chrono::milliseconds timeout) {
+  using std::chrono::milliseconds;
+  return timeout + std::min(std::max(timeout / 4, milliseconds(2000)), milliseconds(60000));
+}
+
+}  // namespace
 
 MultiHostGroup::MultiHostGroup(int rank, int size, std::chrono::milliseconds timeout, HostTable hosts,
                                InterHostGroups groups, int64_t leaderMaxBytes, bool checkAcrossHosts)
@@ -22,6 +39,7 @@ MultiHostGroup::MultiHostGroup(int rank, int size, std::chrono::milliseconds tim
                   groups_.global->getSize() == size && groups_.p2p->getSize() == size,
               "hoccl process group creation on rank ", rank, ": the groups handed in do not match the host table");
   for (int r = 0; r < size; ++r) allRanks_.push_back(r);
+  groups_.local->setTimeout(hostLegTimeout(timeout));
   framed_ = std::make_shared<FramedP2P>(groups_.p2p, rank, timeout);
   worker_ = std::thread([this] { workerLoop(); });
 }
@@ -54,7 +72,7 @@ void MultiHostGroup::abort() {
 void MultiHostGroup::setTimeout(std::chrono::milliseconds timeout) {
   timeout_ = timeout;
   framed_->setTimeout(timeout);
-  groups_.local->setTimeout(timeout);
+  groups_.local->setTimeout(hostLegTimeout(timeout));
   for (auto* g : {groups_.rail.get(), groups_.global.get(), groups_.p2p.get()}) g->setTimeout(timeout);
 }
 

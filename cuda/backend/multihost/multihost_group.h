@@ -17,10 +17,12 @@
 #include <optional>
 #include <thread>
 
+#include "backend/multihost/alltoall_forms.h"
 #include "backend/multihost/framed_p2p.h"
 #include "backend/multihost/host_layout.h"
 #include "backend/process_group.h"
 #include "backend/work.h"
+#include "common/config.h"
 #include "exec/reduce_kernels.h"
 
 namespace hoccl {
@@ -148,8 +150,11 @@ class MultiHostGroup : public c10d::Backend {
 
   // Cross-host agreement (agreement.cpp): raise on every member of a leg whose arguments differ.
   void agreeOnRail(const char* op, const OpSignature& mine);
-  // all_to_all: every rank's bytes to and from every rank, gathered on every rank.
-  void agreeOnSplits(const char* op, const std::vector<int64_t>& sendBytes, const std::vector<int64_t>& recvBytes);
+  // all_to_all: every rank's bytes to and from every rank, gathered on every rank; with `check`,
+  // raises where a sender and its receiver disagree.
+  SplitMatrix exchangeSplits(const char* op, const std::vector<int64_t>& sendBytes,
+                             const std::vector<int64_t>& recvBytes, bool check);
+  void checkSplits(const char* op, const SplitMatrix& m, bool sameHostToo);
   [[noreturn]] void mismatchAcrossHosts(const char* op, const std::string& what);
 
   // Algorithms (worker thread). `flat` tensors are contiguous and one-dimensional.
@@ -165,6 +170,9 @@ class MultiHostGroup : public c10d::Backend {
   void reduceScatterRails(const char* op, const std::vector<at::Tensor>& blocks, const at::Tensor& out,
                           RedOp redOp, double factor);
   void alltoallBytes(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs, const char* op);
+  void alltoallDirect(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs, const char* op);
+  void alltoallRail(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs, const char* op,
+                    const SplitMatrix& m);
   void finishReduction(const at::Tensor& t, RedOp op, double factor) const;
   // A gloo tag for one op's point-to-point transfers (global or rail group), above the tags
   // torch uses on a group (worker thread only).
@@ -179,6 +187,8 @@ class MultiHostGroup : public c10d::Backend {
   std::vector<int> allRanks_;
   int64_t leaderMaxBytes_;
   bool checkAcrossHosts_;
+  AlltoallChoice alltoallChoice_ = alltoallChoice(config::text("HOCCL_MULTIHOST_ALLTOALL"));
+  AlltoallCosts alltoallCosts_;
   std::chrono::milliseconds timeout_;
 
   std::mutex mutex_;
