@@ -192,15 +192,19 @@ def _all_to_all(rank, world, dev):
     import torch.distributed as dist
 
     n = 1024
-    try:
-        outs = []
-        for d in (dev, torch.device("cpu")):
-            o = torch.empty(world * n, device=d)
-            dist.all_to_all_single(o, rank_data(rank, world * n, torch.float32).to(d))
-            outs.append(o.cpu())
-        return "equal" if torch.equal(outs[0], outs[1]) else "differs"
-    except RuntimeError as e:
-        return "refused: " + str(e).splitlines()[0]
+    # uneven splits: rank s sends s + d + 1 rows of 3 to rank d
+    send = [rank + d + 1 for d in range(world)]
+    recv = [s + rank + 1 for s in range(world)]
+    outs = []
+    for d in (dev, torch.device("cpu")):
+        o = torch.empty(world * n, device=d)
+        dist.all_to_all_single(o, rank_data(rank, world * n, torch.float32).to(d))
+        u = torch.empty(sum(recv), 3, device=d)
+        dist.all_to_all_single(u, rank_data(rank, sum(send) * 3, torch.float32).view(-1, 3).to(d), recv, send)
+        lst = [torch.empty(n, device=d) for _ in range(world)]
+        dist.all_to_all(lst, [rank_data(rank * world + k, n, torch.float32).to(d) for k in range(world)])
+        outs.append(torch.cat([o.cpu(), u.cpu().flatten()] + [t.cpu() for t in lst]))
+    return "equal" if torch.equal(outs[0], outs[1]) else "differs"
 
 
 def _rank_all(rank, world):
@@ -249,9 +253,6 @@ def test_mismatched_tensors_name_op_and_rank(results):
 @needs_cuda
 def test_all_to_all(results):
     states = [r["all_to_all"] for r in results]
-    if all("not supported yet" in s for s in states):
-        pytest.xfail("multi-host all_to_all still refuses CUDA tensors (hier_alltoall.cpp is not "
-                     "routed through MultiHostGroup::viaHost yet): " + states[0])
     assert states == ["equal"] * WORLD, states
 
 
@@ -260,11 +261,12 @@ def _rank_cpu(rank, world):
 
     _init(rank, world)
     got = _ops(rank, world, torch.device("cpu"), torch.float32, 4097)
+    a2a = _all_to_all(rank, world, torch.device("cpu"))
     dist.destroy_process_group()
-    return sorted(got)
+    return sorted(got) + [a2a]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CUDA tests above cover this")
 def test_cpu_reference_runs_across_hosts():
     res = run_ranks(_rank_cpu, WORLD, backend=None, timeout=120)
-    assert all(r == res[0] for r in res) and "isend_irecv_ring" in res[0], res
+    assert all(r == res[0] for r in res) and "isend_irecv_ring" in res[0] and res[0][-1] == "equal", res

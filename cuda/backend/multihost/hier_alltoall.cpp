@@ -9,6 +9,8 @@
 
 namespace hoccl {
 
+using Tensors = std::vector<at::Tensor>;
+
 void checkMultiHostTensor(const at::Tensor& t, const char* op, int rank);
 
 namespace {
@@ -82,8 +84,15 @@ void MultiHostGroup::alltoallDirect(const std::vector<at::Tensor>& ins, const st
 c10::intrusive_ptr<c10d::Work> MultiHostGroup::alltoall_base(at::Tensor& output, at::Tensor& userInput,
                                                              std::vector<int64_t>& outputSplits,
                                                              std::vector<int64_t>& inputSplits,
-                                                             const c10d::AllToAllOptions&) {
+                                                             const c10d::AllToAllOptions& opts) {
   const char* op = "all_to_all_single";
+  if (auto w = viaHost(op, c10d::OpType::ALLTOALL_BASE, {userInput}, {output},
+                       [this, outputSplits, inputSplits, opts](const Tensors& ins, const Tensors& outs) {
+                         at::Tensor i = ins[0], o = outs[0];
+                         std::vector<int64_t> os = outputSplits, is = inputSplits;
+                         return alltoall_base(o, i, os, is, opts);
+                       }))
+    return *w;
   checkMultiHostTensor(userInput, op, rank_);
   checkMultiHostTensor(output, op, rank_);
   TORCH_CHECK(userInput.scalar_type() == output.scalar_type(), "hoccl ", op, " on rank ", rank_,
@@ -119,11 +128,17 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::alltoall_base(at::Tensor& output,
 
 c10::intrusive_ptr<c10d::Work> MultiHostGroup::alltoall(std::vector<at::Tensor>& outputs,
                                                         std::vector<at::Tensor>& userInputs,
-                                                        const c10d::AllToAllOptions&) {
+                                                        const c10d::AllToAllOptions& opts) {
   const char* op = "all_to_all";
   TORCH_CHECK(static_cast<int>(userInputs.size()) == size_ && static_cast<int>(outputs.size()) == size_, "hoccl ",
               op, " on rank ", rank_, ": needs ", size_, " input and output tensors, got ", userInputs.size(),
               " and ", outputs.size());
+  if (auto w = viaHost(op, c10d::OpType::ALLTOALL, userInputs, outputs,
+                       [this, opts](const Tensors& ins, const Tensors& outs) {
+                         Tensors i = ins, o = outs;
+                         return alltoall(o, i, opts);
+                       }))
+    return *w;
   std::vector<at::Tensor> ins;
   std::vector<Staged> outs;
   for (int r = 0; r < size_; ++r) {
