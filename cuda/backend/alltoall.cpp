@@ -195,6 +195,9 @@ void ProcessGroupHOCCL::alltoallBlocks(AllToAllBlocks blocks, c10::ScalarType dt
   c.ctx.out = std::move(blocks.out);
   c.sendBytes = std::move(blocks.sendBytes);
   c.recvBytes = std::move(blocks.recvBytes);
+  // This rank's part, until the agreed size replaces it (allToAllPlan): what decides whether
+  // its buffers are promoted onto huge pages before peers read them.
+  for (int64_t b : c.sendBytes) c.req.bytes += b;
   c.ctx.dtype = dtype;
   runCollective(c);
 }
