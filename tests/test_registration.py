@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 from datetime import timedelta
 
 import torch
@@ -81,14 +82,34 @@ def debug_log(rank, world):
 
         dist.all_gather_into_tensor(torch.empty(2 * world * 100000), hoccl_backend.zeros(2 * 100000))
         dist.all_to_all_single(torch.empty(world * 100000), torch.ones(world * 100000))
+        for _ in range(3):
+            dist.all_reduce(torch.ones(1000))
+        dist.destroy_process_group()  # INFO prints its summary here
     finally:
         os.dup2(saved, 2)
     log.seek(0)
     return log.read().decode()
 
 
-def test_debug_info_logs_algorithm_transport_bytes_time():
+def test_debug_info_prints_where_the_time_went_at_shutdown():
     logs = run_ranks(debug_log, 2, env={"HOCCL_DEBUG": "INFO"})
+    phases = re.compile(r"mean ([\d.]+) us: barriers ([\d.]+) \(([\d.]+) per op\), copies ([\d.]+), "
+                        r"peer reads ([\d.]+), reductions ([\d.]+), other (-?[\d.]+)")
+    for rank, text in enumerate(logs):
+        assert "#1 algo=" not in text, "per-op lines are TRACE's: " + text
+        lines = {line.split(" mean ")[0]: line for line in text.splitlines() if " mean " in line}
+        one_shot = lines[f"[hoccl rank {rank}] all_reduce allreduce/one-shot bytes=4000 ops=4"]
+        mean, barrier, per_op, copies, reads, reductions, other = map(float, phases.search(one_shot).groups())
+        assert per_op == 1.0 and reads == 0.0, one_shot  # one barrier, no cross-memory reads
+        assert copies > 0 and reductions > 0, one_shot
+        assert abs(barrier + copies + reductions + other - mean) < 0.2, one_shot
+        gather = lines[f"[hoccl rank {rank}] all_gather all_gather/direct-read bytes=800000 ops=2"]
+        assert float(phases.search(gather).group(5)) > 0, gather  # process_vm_readv of the plain tensor
+        assert f"[hoccl rank {rank}] all_to_all_single alltoall/varipath bytes=800000 ops=1" in lines, text
+
+
+def test_debug_trace_logs_algorithm_transport_bytes_time():
+    logs = run_ranks(debug_log, 2, env={"HOCCL_DEBUG": "TRACE"})
     for rank, text in enumerate(logs):
         assert f"[hoccl rank {rank}] all_reduce #1 algo=allreduce/one-shot transport=shm bytes=4000 mapped=0 time=" in text, text
         assert "all_gather #2 algo=all_gather/direct-read transport=shm+cma bytes=800000 mapped=0 " in text, text
@@ -96,6 +117,7 @@ def test_debug_info_logs_algorithm_transport_bytes_time():
         assert "all_gather #3 algo=all_gather/direct-read transport=shm+cma bytes=800000 mapped=800000 " in text, text
         # all_to_all's phased plan reads peers directly too, whatever its algorithm's name
         assert "all_to_all_single #4 algo=alltoall/varipath transport=shm+cma bytes=800000 " in text, text
+        assert "(barriers " in text and ", peer reads " in text, text
 
 
 def test_debug_trace_prints_the_plan():

@@ -253,7 +253,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::alltoall_base(at::Tensor& outp
     rowBlocks(out.work, outSplits, b.out, b.recvBytes);
     alltoallBlocks(std::move(b), in.scalar_type(), op);
     out.writeBack();
-  }, nbytes(input));
+  }, nbytes(input), !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::alltoall(std::vector<at::Tensor>& outputs,
@@ -292,7 +292,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::alltoall(std::vector<at::Tenso
     }
     alltoallBlocks(std::move(b), ins[0].scalar_type(), op);
     for (auto& s : outs) s.writeBack();
-  });
+  }, INT64_MAX, !opts.asyncOp);
 }
 
 }  // namespace hoccl

@@ -13,6 +13,7 @@ struct ProcessGroupHOCCL::Collective {
   ExecContext ctx;
   std::vector<int64_t> sendBytes, recvBytes;  // all_to_all only
   std::chrono::steady_clock::time_point start, deadline;
+  PhaseTimes times;  // filled when HOCCL_DEBUG is on (ctx.times points here)
 };
 
 }  // namespace hoccl

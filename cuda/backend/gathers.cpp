@@ -28,7 +28,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::broadcast(std::vector<at::Tens
     c.ctx.desc.numel = s.work.numel();
     runCollective(c);
     s.writeBack();
-  }, nbytes(tensors[0]));
+  }, nbytes(tensors[0]), !opts.asyncOp);
 }
 
 void ProcessGroupHOCCL::allgatherBlocks(const at::Tensor& input, const std::vector<at::Tensor>& outputs,
@@ -48,7 +48,7 @@ void ProcessGroupHOCCL::allgatherBlocks(const at::Tensor& input, const std::vect
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                             std::vector<at::Tensor>& inputs,
-                                                            const c10d::AllgatherOptions&) {
+                                                            const c10d::AllgatherOptions& opts) {
   TORCH_CHECK(inputs.size() == 1 && outputs.size() == 1, "hoccl all_gather on rank ", rank_,
               ": expects one input and one output list");
   if (auto w = tryCuda("all_gather", c10d::OpType::ALLGATHER, inputs, outputs[0],
@@ -73,7 +73,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allgather(std::vector<std::vec
     for (auto& s : outs) o.push_back(s.work);
     allgatherBlocks(in, o, OpKind::AllGather, 0);
     for (auto& s : outs) s.writeBack();
-  }, nbytes(inputs[0]) * size_);
+  }, nbytes(inputs[0]) * size_, !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::_allgather_base(at::Tensor& output, at::Tensor& input,
@@ -101,7 +101,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::_allgather_base(at::Tensor& ou
     for (int r = 0; r < size_; ++r) blocks.push_back(flat.narrow(0, r * in.numel(), in.numel()));
     allgatherBlocks(in, blocks, OpKind::AllGather, 0);
     out.writeBack();
-  }, nbytes(output));
+  }, nbytes(output), !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allgather_into_tensor_coalesced(
@@ -170,7 +170,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::gather(std::vector<std::vector
     for (auto& s : outs) o.push_back(s.work);
     allgatherBlocks(in, o, OpKind::Gather, root);
     for (auto& s : outs) s.writeBack();
-  });
+  }, INT64_MAX, !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::scatter(std::vector<at::Tensor>& outputs,
@@ -215,7 +215,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::scatter(std::vector<at::Tensor
     c.ctx.desc.numel = out.work.numel();
     runCollective(c);
     out.writeBack();
-  });
+  }, INT64_MAX, !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::barrier(const c10d::BarrierOptions&) {

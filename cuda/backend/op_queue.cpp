@@ -1,9 +1,17 @@
 #include "backend/process_group.h"
 
+#include <algorithm>
+
 namespace hoccl {
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::enqueue(c10d::OpType type, std::vector<at::Tensor> outputs,
-                                                          Body body, int64_t bytes) {
+                                                          Body body, int64_t bytes, bool callerWaits) {
+  // A caller that blocks in wait() right after gains nothing from the worker thread and pays two
+  // cross-core wake-ups (tens of microseconds each on a virtual machine). CUDA tensors keep the
+  // worker: their wait() must not block the host.
+  callerWaits = callerWaits && std::all_of(outputs.begin(), outputs.end(), [](const at::Tensor& t) {
+    return t.device().is_cpu();
+  });
   auto work = c10::make_intrusive<WorkHOCCL>(rank_, type, std::move(outputs));
   issued_.fetch_add(1);
   if (capturing()) {  // host mirrors of a CUDA op: hand the body to the CUDA stream manager
@@ -16,7 +24,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::enqueue(c10d::OpType type, std
     if (coalescing_) coalesced_.push_back(work);
     // A small op with nothing ahead of it runs right here: two thread hand-offs cost more than
     // the op itself. Issue order is kept because nothing is queued or running.
-    bool runHere = bytes <= config_.inlineMaxBytes && queue_.empty() && !busy_ && !coalescing_;
+    bool runHere = (bytes <= config_.inlineMaxBytes || callerWaits) && queue_.empty() && !busy_ && !coalescing_;
     if (!runHere) {
       queue_.emplace_back(work, std::move(body));
       queueCv_.notify_one();

@@ -34,6 +34,7 @@ ProcessGroupHOCCL::ProcessGroupHOCCL(const c10::intrusive_ptr<c10d::Store>& stor
   checkSingleHost(hosts_, rank);
   group_ = std::make_unique<ShmGroup>(store, rank, size, config_.shm, timeout);
   executor_ = std::make_unique<Executor>(*group_, config_.streamingCopyMinBytes);
+  if (config_.debug >= 1) profile_ = std::make_unique<OpProfile>();
   worker_ = std::thread([this] { workerLoop(); });
 }
 
@@ -47,6 +48,7 @@ void ProcessGroupHOCCL::shutdown() {
   }
   queueCv_.notify_all();
   if (worker_.joinable()) worker_.join();
+  if (profile_) std::fputs(profile_->report(rank_).c_str(), stderr);
   std::lock_guard<std::mutex> lock(p2pMutex_);
   p2p_.reset();
 }

@@ -19,6 +19,7 @@
 #include "backend/config.h"
 #include "backend/host_table.h"
 #include "backend/work.h"
+#include "backend/op_profile.h"
 #include "exec/executor.h"
 #include "transport/shm/huge_pages.h"
 #include "transport/shm/p2p_engine.h"
@@ -110,9 +111,11 @@ class ProcessGroupHOCCL : public c10d::Backend {
   struct Collective;  // one validated, ready-to-run collective
   using Body = std::function<void()>;
 
-  // Queues body for the worker (or runs it inline when small and idle); bytes = payload size.
+  // Queues body for the worker, or runs it on the caller's thread when nothing is queued and the
+  // op is small or the caller waits for it anyway (c10d's asyncOp=false, CPU tensors);
+  // bytes = payload size.
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, std::vector<at::Tensor> outputs, Body body,
-                                         int64_t bytes = INT64_MAX);
+                                         int64_t bytes = INT64_MAX, bool callerWaits = false);
   void runTask(const c10::intrusive_ptr<WorkHOCCL>& work, const Body& body);
   void workerLoop();
   void runCollective(Collective& c);
@@ -219,6 +222,7 @@ class ProcessGroupHOCCL : public c10d::Backend {
   std::deque<CachedSchedule> scheduleCache_;
   uint64_t schedulesPlanned_ = 0, schedulesReused_ = 0;
   std::shared_ptr<const varipath::Scheduler> scheduler_;
+  std::unique_ptr<OpProfile> profile_;  // HOCCL_DEBUG=INFO and up: printed at shutdown
   mutable std::mutex lastAlgoMutex_;
   std::string lastAlgo_;
   std::shared_ptr<const std::vector<TransferPhase>> lastAllToAllPhases_;  // guarded by lastAlgoMutex_

@@ -40,7 +40,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allreduce(std::vector<at::Tens
   return enqueue(c10d::OpType::ALLREDUCE, tensors, [this, s, op, factor] {
     allreduceTensor(s.work, op, factor);
     s.writeBack();
-  }, nbytes(tensors[0]));
+  }, nbytes(tensors[0]), !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allreduceSparse(std::vector<at::Tensor>& tensors, RedOp op) {
@@ -78,7 +78,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allreduce_coalesced(
       allreduceTensor(s.work, op, factor);
       s.writeBack();
     }
-  });
+  }, INT64_MAX, !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::reduce(std::vector<at::Tensor>& tensors,
@@ -111,7 +111,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::reduce(std::vector<at::Tensor>
     c.ctx.desc.numel = t.numel();
     runCollective(c);
     s.writeBack();
-  }, nbytes(tensors[0]));
+  }, nbytes(tensors[0]), !opts.asyncOp);
 }
 
 void ProcessGroupHOCCL::reduceScatterBlocks(const std::vector<at::Tensor>& inputs, const at::Tensor& out,
@@ -158,7 +158,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::reduce_scatter(std::vector<at:
   return enqueue(c10d::OpType::REDUCE_SCATTER, outputs, [this, ins, out, op, factor] {
     reduceScatterBlocks(ins, out.work, op, factor);
     out.writeBack();
-  });
+  }, INT64_MAX, !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
@@ -186,7 +186,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::_reduce_scatter_base(at::Tenso
     for (int r = 0; r < size_; ++r) blocks.push_back(in.narrow(0, r * out.work.numel(), out.work.numel()));
     reduceScatterBlocks(blocks, out.work, op, factor);
     out.writeBack();
-  }, nbytes(input));
+  }, nbytes(input), !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::reduce_scatter_tensor_coalesced(

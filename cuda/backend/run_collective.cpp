@@ -143,6 +143,7 @@ void ProcessGroupHOCCL::runCollective(Collective& c) {
   c.ctx.desc.redop = static_cast<int8_t>(c.ctx.op);
   c.ctx.desc.root = c.req.root;
   c.ctx.check = [&](int peer) { checkWait(c, peer); };
+  if (profile_) c.ctx.times = &c.times;
   if (group_->aborted())
     throw std::runtime_error(std::string("hoccl ") + c.opName + " on rank " + std::to_string(rank_) +
                              ": the group was aborted earlier: " + group_->abortMessage());
@@ -177,18 +178,27 @@ void ProcessGroupHOCCL::runPlan(Collective& c, const std::shared_ptr<const Plan>
     lastAlgo_ = plan->algo;
   }
   if (config_.debug >= 2) std::fprintf(stderr, "[hoccl rank %d] %s", rank_, plan->describe().c_str());
-  const uint64_t mappedBefore = config_.debug >= 1 ? PeerMappings::bytesRead() : 0;
+  const uint64_t mappedBefore = config_.debug >= 2 ? PeerMappings::bytesRead() : 0;
   executor_->run(*plan, c.ctx);
   executor_->endOp();
-  if (config_.debug >= 1) {
-    double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - c.start).count();
+  if (!profile_) return;
+  const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - c.start).count();
+  profile_->record(c.opName, plan->algo, c.req.bytes, us, c.times);
+  if (config_.debug >= 2) {
+    const PhaseTimes& t = c.times;
     // mapped = bytes read from peers' shared tensors (hoccl_backend.empty) through mappings
     // (process-wide counter: approximate while other groups run ops on other threads).
-    std::fprintf(stderr, "[hoccl rank %d] %s #%u algo=%s transport=%s bytes=%lld mapped=%llu time=%.1f us\n",
+    // The phases add up the op's plans so far; "other" is the rest of the time since the op
+    // started (argument checks, split exchange, plan lookup, huge-page advice).
+    std::fprintf(stderr,
+                 "[hoccl rank %d] %s #%u algo=%s transport=%s bytes=%lld mapped=%llu time=%.1f us "
+                 "(barriers %.1f in %d, copies %.1f, peer reads %.1f, reductions %.1f, other %.1f)\n",
                  rank_, c.opName, c.ctx.desc.opSeq, plan->algo.c_str(),
                  plan->readsPeers() ? "shm+cma" : "shm",
                  static_cast<long long>(c.req.bytes),
-                 static_cast<unsigned long long>(PeerMappings::bytesRead() - mappedBefore), us);
+                 static_cast<unsigned long long>(PeerMappings::bytesRead() - mappedBefore), us, t.barrierUs,
+                 t.barriers, t.copyUs, t.readUs, t.reduceUs,
+                 us - t.barrierUs - t.copyUs - t.readUs - t.reduceUs);
   }
 }
 

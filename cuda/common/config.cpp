@@ -17,8 +17,9 @@ using R = ReadBy;
 
 const std::vector<Variable> kTable = {
     {"HOCCL_DEBUG", K::Choice, R::Core, "off", "off,INFO,TRACE",
-     "INFO: the configuration at group creation and one line per op (algorithm, transport, bytes, time); "
-     "TRACE: also every plan"},
+     "INFO: the configuration at group creation, and at shutdown each (op, algorithm, size) with its "
+     "count and mean time split into barriers, copies, peer reads, reductions; "
+     "TRACE: also one line per op and every plan"},
     {"HOCCL_SHM_SLOT_BYTES", K::Bytes, R::Core, "4M", "",
      "staging slot per rank (two per rank); larger messages run in chunks; at least 4K"},
     {"HOCCL_SHM_RING_BYTES", K::Bytes, R::Core, "auto", "",

@@ -1,11 +1,19 @@
 #include "exec/executor.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "exec/streaming_copy.h"
 
 namespace hoccl {
+namespace {
+
+double sinceUs(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
 
 char* Executor::resolve(const Loc& loc, const ExecContext& ctx) const {
   switch (loc.space) {
@@ -25,8 +33,10 @@ const char* Executor::mappedPeer(const Loc& loc, size_t bytes) {
   return transport_.mapPeerBlock(loc.buf, addressParity_, publishedIndex(loc), loc.offset, bytes);
 }
 
-void Executor::readPeer(const Loc& loc, int64_t extraOffset, void* dst, size_t bytes) {
+void Executor::readPeer(const Loc& loc, int64_t extraOffset, void* dst, size_t bytes, PhaseTimes* times) {
+  const auto t0 = times ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   transport_.readPeerBlock(loc.buf, addressParity_, publishedIndex(loc), loc.offset + extraOffset, dst, bytes);
+  if (times) times->readUs += sinceUs(t0);
 }
 
 void Executor::copy(const Step& step, const ExecContext& ctx) {
@@ -35,7 +45,7 @@ void Executor::copy(const Step& step, const ExecContext& ctx) {
   if (step.src.remote()) {
     src = mappedPeer(step.src, static_cast<size_t>(step.bytes));
     if (!src) {
-      readPeer(step.src, 0, dst, static_cast<size_t>(step.bytes));
+      readPeer(step.src, 0, dst, static_cast<size_t>(step.bytes), ctx.times);
       return;
     }
   } else {
@@ -83,7 +93,7 @@ void Executor::reduce(const Step& step, const ExecContext& ctx) {
         const Loc& l = step.srcs[k];
         if (!whole[k]) {
           char* tile = tiles_.data() + static_cast<size_t>(k) * tileElems * elem;
-          readPeer(l, off, tile, static_cast<size_t>(len) * elem);
+          readPeer(l, off, tile, static_cast<size_t>(len) * elem, ctx.times);
           srcs[k] = tile;
         } else {
           srcs[k] = whole[k] + off;
@@ -97,13 +107,19 @@ void Executor::reduce(const Step& step, const ExecContext& ctx) {
 
 void Executor::run(const Plan& plan, ExecContext& ctx) {
   bool first = !ctx.addressesPublished;
+  PhaseTimes* times = ctx.times;
   for (const Step& step : plan.steps) {
+    const auto t0 = times ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+    const double readBefore = times ? times->readUs : 0;
     switch (step.kind) {
       case Step::Kind::Copy:
         copy(step, ctx);
+        // Reads of peers are counted by readPeer: only the rest is a copy.
+        if (times) times->copyUs += sinceUs(t0) - (times->readUs - readBefore);
         break;
       case Step::Kind::Reduce:
         reduce(step, ctx);
+        if (times) times->reduceUs += sinceUs(t0) - (times->readUs - readBefore);
         break;
       case Step::Kind::Barrier: {
         uint32_t index = ++barriers_;
@@ -116,6 +132,10 @@ void Executor::run(const Plan& plan, ExecContext& ctx) {
         transport_.barrier(index, ctx.check);
         if (first && ctx.validate) ctx.validate(index & 1);
         first = false;
+        if (times) {
+          times->barrierUs += sinceUs(t0);
+          ++times->barriers;
+        }
         break;
       }
     }

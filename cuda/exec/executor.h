@@ -11,6 +11,13 @@
 
 namespace hoccl {
 
+// Where one op's time went, by kind of step (HOCCL_DEBUG=INFO and up). "read" is cross-memory
+// reads of peers' buffers, also those a reduction pulls; "reduce" is the arithmetic alone.
+struct PhaseTimes {
+  double barrierUs = 0, copyUs = 0, readUs = 0, reduceUs = 0;
+  int barriers = 0;
+};
+
 struct ExecContext {
   std::vector<char*> in, out;  // block base pointers
   c10::ScalarType dtype = c10::ScalarType::Byte;
@@ -24,6 +31,7 @@ struct ExecContext {
   std::function<void(uint32_t parity)> validate;
   // While blocked on a peer: throws on timeout, abort or a dead peer.
   std::function<void(int waitingFor)> check;
+  PhaseTimes* times = nullptr;  // accumulates per-step time when set
 };
 
 class Executor {
@@ -42,7 +50,7 @@ class Executor {
   size_t publishedIndex(const Loc& loc) const;
   // Peer memory as a local pointer when the transport can map it; nullptr: use readPeer.
   const char* mappedPeer(const Loc& loc, size_t bytes);
-  void readPeer(const Loc& loc, int64_t extraOffset, void* dst, size_t bytes);
+  void readPeer(const Loc& loc, int64_t extraOffset, void* dst, size_t bytes, PhaseTimes* times);
   void copy(const Step& step, const ExecContext& ctx);
   void reduce(const Step& step, const ExecContext& ctx);
   Transport& transport_;
