@@ -4,7 +4,7 @@ to a fatbin (sm_90 SASS + compute_90 PTX, so newer GPUs JIT it), and embed them 
 generated C++ source.
 
 For each kernel NAME the generated file defines the two symbols its loader references weakly
-(cuda/transport/ce/ce_reduce.cpp for reduce, ce_spin.cpp for spin):
+(cuda/transport/ce/ce_module.cpp, for ce_reduce.cpp and ce_spin.cpp):
 
     extern "C" const unsigned char hoccl_NAME_fatbin[];
     extern "C" const unsigned long long hoccl_NAME_fatbin_size;

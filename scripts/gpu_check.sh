@@ -3,7 +3,8 @@
 #
 #   bash scripts/gpu_check.sh 1   # <= ~570 s of stage limits: build, driver + probe, sm_free (copies while a
 #                                 #   kernel fills every SM), host-path CUDA tests (world 2)
-#   bash scripts/gpu_check.sh 2   # <= ~300 s, right after (warm): p2p tests, multi-host CUDA tests (2
+#   bash scripts/gpu_check.sh 2   # <= ~300 s, right after (warm): p2p-path tests (its direct-read plans
+#                                 #   over CUDA IPC), multi-host CUDA tests (2
 #                                 #   HOCCL_HOSTNAME hosts on the one GPU), zero-kernel profile,
 #                                 #   bandwidth vs raw copies, overlap benchmark
 #
@@ -91,7 +92,7 @@ if [ "$CALL" = 1 ]; then
   HOCCL_CE_PATH=host pytest_stage "host path: primitives" 115 60 tests/test_cuda_ce.py
   HOCCL_CE_PATH=host pytest_stage "host path: collectives" 100 60 tests/test_cuda_collectives.py
 else
-  HOCCL_CE_PATH=p2p pytest_stage "p2p path: primitives + collectives" 110 60 tests/test_cuda_ce.py \
+  HOCCL_CE_PATH=p2p pytest_stage "p2p path (direct-read plans): primitives + collectives" 110 60 tests/test_cuda_ce.py \
     tests/test_cuda_collectives.py
   # One spawn of 4 ranks serves the whole file (a module fixture): startup dominates.
   pytest_stage "multi-host CUDA via host staging" 20 20 tests/test_cuda_multihost.py

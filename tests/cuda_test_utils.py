@@ -31,6 +31,30 @@ def rank_data(rank: int, n: int, dtype: torch.dtype, op: str = "sum") -> torch.T
     return torch.randint(lo, hi, (n,), generator=g).to(dtype)
 
 
+def all_reduce_results(rank: int, dev, dtype: torch.dtype, n: int):
+    """The all_reduce part every op comparison starts with (sum, max, and avg for floats), on
+    tensors on `dev`. Returns (t, out): t(r=rank, k=n, op="sum") makes rank r's input of k
+    elements on `dev`, and out maps each op's name to its result tensors, for the caller to add
+    its other ops to. Needs an initialised process group."""
+    import torch.distributed as dist
+
+    def t(r=rank, k=n, op="sum"):
+        return rank_data(r, k, dtype, op).to(dev)
+
+    out = {}
+    x = t()
+    dist.all_reduce(x)
+    out["all_reduce_sum"] = [x]
+    x = t(op="max")
+    dist.all_reduce(x, op=dist.ReduceOp.MAX)
+    out["all_reduce_max"] = [x]
+    if dtype.is_floating_point:
+        x = t()
+        dist.all_reduce(x, op=dist.ReduceOp.AVG)
+        out["all_reduce_avg"] = [x]
+    return t, out
+
+
 def exact_reduce(srcs: list[torch.Tensor], op: str, factor: float = 1.0) -> torch.Tensor:
     """hoccl's reduction semantics, bit for bit: rank order, 16-bit floats accumulate in float32
     and round once, AVG/PREMUL_SUM scale after rounding to the dtype (integers truncate)."""

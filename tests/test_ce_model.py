@@ -98,30 +98,83 @@ def _check_all_reduce(g, dev, rank, world, dtype, n, bad):
             bad.append(("all_reduce", str(dtype), op, n))
 
 
+def _pipelined(g, dev, rank, world, bad, rounds=6):
+    """Ops back to back with no host sync between them: the host runs ahead of the streams, and
+    each op rewrites buffers that peers read in the op before (all_to_all A -> B -> A, a
+    broadcast into A right after an all_gather read it, in-place all_reduce of B), with small
+    one-slot all_reduces in between so plan shapes alternate. Once a round, A is rewritten by a
+    copy of the caller's right after the all_gather that peers read it in: only the op's final
+    barrier keeps that copy from racing the peers' reads. Checked at the end against a
+    simulation of every rank's buffers on the CPU."""
+    n = SLOT // 4 + 3  # A and B hold world blocks of n: every op spans more than one slot
+    data = [rank_data(r, world * n, torch.float32) for r in range(world)]
+    small = [rank_data(r + 50, 5, torch.float32) for r in range(world)]
+    a, c = dev.put(data[rank]), dev.put(small[rank])
+    b = dev.alloc(world * n * 4)
+    gathered = [dev.alloc(world * n * 4) for _ in range(rounds)]
+    like = torch.empty(0, dtype=torch.float32)
+
+    def a2a(src):  # rank r's block s = rank s's block r
+        return [torch.cat([src[s][r * n:(r + 1) * n] for s in range(world)]) for r in range(world)]
+
+    A, B, C, G = data, None, small, []
+    for i in range(rounds):
+        op = ("sum", "max")[i % 2]
+        g.all_to_all_raw(b, a, n * 4, dev.stream)
+        B = a2a(A)
+        g.all_gather_raw(gathered[i], a, n * 4, dev.stream)
+        G.append(torch.cat([A[s][:n] for s in range(world)]))
+        fresh = [rank_data(r + 10 * (i + 1), world * n, torch.float32) for r in range(world)]
+        dev.m._ce_raw_upload(a, fresh[rank], dev.stream)  # pageable: the stream drains, then it copies
+        A = fresh
+        g.broadcast_raw(a, world * n * 4, i % world, dev.stream)
+        A = [A[i % world]] * world
+        g.all_reduce_raw(b, world * n, like, op, 1.0, dev.stream)
+        B = [exact_reduce(B, op)] * world
+        g.all_reduce_raw(c, 5, like, op, 1.0, dev.stream)
+        C = [exact_reduce(C, op)] * world
+        g.all_to_all_raw(a, b, n * 4, dev.stream)
+        A = a2a(B)
+    got = {"A": dev.get(a, world * n, torch.float32), "B": dev.get(b, world * n, torch.float32),
+           "C": dev.get(c, 5, torch.float32)}
+    want = {"A": A[rank], "B": B[rank], "C": C[rank]}
+    for i in range(rounds):
+        got[f"G{i}"], want[f"G{i}"] = dev.get(gathered[i], world * n, torch.float32), G[i]
+    bad += [("pipelined", k) for k in want if not torch.equal(got[k], want[k])]
+    dev.free_all()
+
+
 def _rank_every_op(rank, world, first_seq, dtypes):
-    """Every op x dtypes x sizes around the slot on three groups: host path with GPU-model
-    reductions, host path with per-rank mixed reduce locations, and the p2p (IPC) path."""
+    """Every op x dtypes x sizes around the slot on four groups: host path with GPU-model
+    reductions, host path with per-rank mixed reduce locations, the p2p (IPC) path with GPU-model
+    reductions, and all_reduce on the p2p path with mixed reduce locations."""
     store = _store(rank, world)
     dev = Dev()
+    mixed = ("gpu", "host")[rank % 2]
     groups = {
         "host": _group(store, "host", rank, world, path="host", reduce_on="gpu", first_seq=first_seq),
-        "mixed": _group(store, "mixed", rank, world, path="host", reduce_on=("gpu", "host")[rank % 2],
-                        first_seq=first_seq),
+        "mixed": _group(store, "mixed", rank, world, path="host", reduce_on=mixed, first_seq=first_seq),
         "p2p": _group(store, "p2p", rank, world, path="p2p", reduce_on="gpu", first_seq=first_seq),
+        "p2p-mixed": _group(store, "p2p-mixed", rank, world, path="p2p", reduce_on=mixed, first_seq=first_seq),
     }
     bad = []
-    algos = {name: set() for name in groups}  # which plan (or the p2p code) each op ran
+    algos = {name: {} for name in groups}  # op -> the plans it ran
     for name, g in groups.items():
         mine = []
         for dtype in dtypes:
-            for n in _sizes(dtype.itemsize):
+            sizes = _sizes(dtype.itemsize)
+            if name.startswith("p2p"):
+                sizes.append(world * (SLOT // dtype.itemsize) + 7)  # every rank's part spans passes
+            for n in sizes:
                 checks = [_check_all_reduce]
-                if name != "mixed":
+                if name in ("host", "p2p"):
                     checks = [_check_all_gather, _check_all_to_all, _check_broadcast] + checks
                 for check in checks:
                     check(g, dev, rank, world, dtype, n, mine)
-                    algos[name].add(g.last_algo())
+                    algos[name].setdefault(check.__name__[len("_check_"):], set()).add(g.last_algo())
                 dev.free_all()
+        if name in ("host", "p2p"):
+            _pipelined(g, dev, rank, world, mine)
         bad += [(name,) + b for b in mine]
     paths = {name: g.paths() for name, g in groups.items()}
     hinted = model_counter("batch_copies_prefer_overlap")
@@ -146,9 +199,15 @@ def test_every_collective_on_the_driver_model(model, world, first_seq, dtypes):
         # The host path runs the CPU transport's plans; all_reduce past one slot on more than two
         # ranks takes reduce-scatter + all-gather (reductions into slots, two barriers a round).
         reduce_plans = {"allreduce/one-shot"} | ({"allreduce/rs-ag"} if world > 2 else set())
-        assert algos["host"] == {"allgather/staged", "alltoall/phased", "broadcast/staged"} | reduce_plans, algos
-        assert algos["mixed"] == reduce_plans, algos
-        assert algos["p2p"] == {"p2p/push"} | reduce_plans, algos
+        assert algos["host"] == {"all_gather": {"allgather/staged"}, "all_to_all": {"alltoall/phased"},
+                                 "broadcast": {"broadcast/staged"}, "all_reduce": reduce_plans}, algos
+        assert algos["mixed"] == {"all_reduce": reduce_plans}, algos
+        # The p2p path runs the direct-read plans (peers' blocks read through IPC mappings); its
+        # all_reduce up to one slot keeps the staged one-shot plan, past it reads peers' slices.
+        p2p_reduce = {"allreduce/one-shot", "all_reduce/direct-read"}
+        assert algos["p2p"] == {"all_gather": {"all_gather/direct-read"}, "all_to_all": {"alltoall/direct-read"},
+                                "broadcast": {"broadcast/direct-read"}, "all_reduce": p2p_reduce}, algos
+        assert algos["p2p-mixed"] == {"all_reduce": p2p_reduce}, algos
 
 
 # ---- one world-2 job for the single-purpose checks (each process start costs seconds) --------
@@ -172,24 +231,38 @@ def _copy_kinds(store, dev, rank, world):
 
 
 def _ipc_cache(store, dev, rank, world):
-    """A fresh destination allocation every op: mappings and Store keys must not pile up."""
+    """A fresh source allocation every op (what peers map now that they read in place): freed
+    after the op, mappings and Store keys must not pile up; kept alive, the mappings per peer stay
+    bounded and an evicted one maps again."""
     g = _group(store, "ipc", rank, world, path="p2p", reduce_on="host")
     bad, mappings, keys = [], [], []
     n = 4000
-    x = dev.put(rank_data(rank, n, torch.float32))
+    out = dev.alloc(world * n * 4)
     expected = torch.cat([rank_data(r, n, torch.float32) for r in range(world)])
-    for i in range(12):
-        out = dev.m._ce_raw_alloc(world * n * 4)
+
+    def gather(x, i):
         g.all_gather_raw(out, x, n * 4, dev.stream)
         if not torch.equal(dev.get(out, world * n, torch.float32), expected):
             bad.append(i)
+
+    for i in range(12):
+        x = dev.m._ce_raw_alloc(n * 4)
+        dev.m._ce_raw_upload(x, rank_data(rank, n, torch.float32), dev.stream)
+        gather(x, i)
         _barrier(store, f"ipc/{i}", rank, world)  # nobody frees before every rank finished op i
-        dev.m._ce_raw_free(out)
+        dev.m._ce_raw_free(x)
         mappings.append((g.ipc_mappings(), model_counter("ipc_open_mappings")))
         keys.append(g.ipc_store_keys())
+    kept = []
+    for i in range(12):
+        kept.append(dev.put(rank_data(rank, n, torch.float32)))
+        gather(kept[-1], 100 + i)
+        kept_mappings = (g.ipc_mappings(), model_counter("ipc_open_mappings"))
+    gather(kept[0], 200)  # its mapping was evicted: mapped again from the handle in the Store
     g.synchronize(30.0)
+    _barrier(store, "ipc/kept", rank, world)
     dev.free_all()
-    return bad, mappings, keys
+    return bad, mappings, keys, kept_mappings
 
 
 def _teardown(store, dev, rank, world):
@@ -279,13 +352,16 @@ def test_host_path_issues_no_d2d_copy_or_kernel_and_p2p_asks_for_copy_engines(ba
 
 def test_ipc_mappings_follow_allocations_and_are_closed(battery):
     for r in battery:
-        bad, mappings, keys = r["ipc"]
+        bad, mappings, keys, kept = r["ipc"]
         assert not bad, bad
         # The peer's old allocation is retired when its new one is announced and closed once the
-        # copies into it are done: open mappings stay bounded instead of growing with the ops.
+        # copies out of it are done: open mappings stay bounded instead of growing with the ops.
         assert all(ours == in_driver for ours, in_driver in mappings), mappings
         assert max(m for m, _ in mappings[4:]) <= 2, mappings
         assert max(keys[4:]) <= 2, keys  # replaced buffers' handles are deleted from the Store
+        # Twelve live allocations of one peer: at most 8 cached (the least recently used is
+        # retired), plus at most one retired mapping not yet closed.
+        assert kept[0] == kept[1] and kept[0] <= 9, kept
 
 
 def test_destroying_a_group_waits_for_its_copies(battery):

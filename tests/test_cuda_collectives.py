@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cuda_test_utils import NO_CUDA_REASON, device_for, rank_data, worlds
+from cuda_test_utils import NO_CUDA_REASON, all_reduce_results, device_for, rank_data, worlds
 from dist_utils import run_ranks
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA_REASON)
@@ -23,20 +23,7 @@ def _collectives(rank, world, dev, dtype, n):
     """Runs each collective on tensors on `dev`; returns name -> result tensors (on CPU)."""
     import torch.distributed as dist
 
-    def t(r=rank, k=n, op="sum"):
-        return rank_data(r, k, dtype, op).to(dev)
-
-    out = {}
-    x = t()
-    dist.all_reduce(x)
-    out["all_reduce_sum"] = [x]
-    x = t(op="max")
-    dist.all_reduce(x, op=dist.ReduceOp.MAX)
-    out["all_reduce_max"] = [x]
-    if dtype.is_floating_point:
-        x = t()
-        dist.all_reduce(x, op=dist.ReduceOp.AVG)
-        out["all_reduce_avg"] = [x]
+    t, out = all_reduce_results(rank, dev, dtype, n)
     outs = [torch.empty(n, dtype=dtype, device=dev) for _ in range(world)]
     dist.all_gather(outs, t())
     out["all_gather"] = outs

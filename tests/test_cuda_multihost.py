@@ -16,7 +16,7 @@ import os
 import pytest
 import torch
 
-from cuda_test_utils import NO_CUDA_REASON, rank_data
+from cuda_test_utils import NO_CUDA_REASON, all_reduce_results, rank_data
 from dist_utils import run_ranks
 
 WORLD, PER_HOST = 4, 2
@@ -38,23 +38,11 @@ def _init(rank, world):
 
 
 def _ops(rank, world, dev, dtype, n):
-    """Every op MultiHostGroup supports but all_to_all, on tensors on `dev`: name -> CPU results."""
+    """Every op MultiHostGroup supports, on tensors on `dev`, all_to_all's forms aside (they need
+    other sizes and run in `_all_to_all`): name -> CPU results."""
     import torch.distributed as dist
 
-    def t(r=rank, k=n, op="sum"):
-        return rank_data(r, k, dtype, op).to(dev)
-
-    out = {}
-    x = t()
-    dist.all_reduce(x)
-    out["all_reduce_sum"] = [x]
-    x = t(op="max")
-    dist.all_reduce(x, op=dist.ReduceOp.MAX)
-    out["all_reduce_max"] = [x]
-    if dtype.is_floating_point:
-        x = t()
-        dist.all_reduce(x, op=dist.ReduceOp.AVG)
-        out["all_reduce_avg"] = [x]
+    t, out = all_reduce_results(rank, dev, dtype, n)
     xs = [t(), t(rank + 7)]
     dist.all_reduce_coalesced(xs)
     out["all_reduce_coalesced"] = xs

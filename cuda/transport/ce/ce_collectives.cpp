@@ -74,17 +74,14 @@ CeGroup::CeGroup(const c10::intrusive_ptr<c10d::Store>& store, const std::string
     for (auto& p : peers_) p.path = CePath::Host;
   const size_t flagBytes = CeSync::bytesNeeded(world);
   flagRegion_ = std::make_unique<SharedHostRegion>(store, prefix + "/flags", rank, world,
-                                                   flagBytes * kFlagSets + IpcExchange::bytesNeeded(world), device,
-                                                   opts.timeout);
-  for (int f = 0; f < kFlagSets; ++f) {
-    sync_.push_back(std::make_unique<CeSync>(*flagRegion_, flagBytes * f, rank, world));
-    sync_.back()->hostInit(opts.firstSeq);
-  }
-  ipc_ = std::make_unique<IpcExchange>(store, prefix + "/ipc", rank, world, device, *flagRegion_,
-                                       flagBytes * kFlagSets, opts.firstSeq, opts.timeout);
+                                                   flagBytes + IpcExchange::bytesNeeded(world), device, opts.timeout);
+  barrier_ = std::make_unique<CeSync>(*flagRegion_, 0, rank, world);
+  barrier_->hostInit(opts.firstSeq);
+  ipc_ = std::make_unique<IpcExchange>(store, prefix + "/ipc", rank, world, device, *flagRegion_, flagBytes,
+                                       opts.firstSeq, opts.timeout);
   staging_ = std::make_unique<HostStaging>(store, prefix + "/stage", rank, world, opts.slotBytes, 2, device,
                                            opts.timeout);
-  exec_ = std::make_unique<CePlanExecutor>(flags(kBarrier), *staging_, device, opts.reduceOn, opts.reduceCtas,
+  exec_ = std::make_unique<CePlanExecutor>(*barrier_, *staging_, device, opts.reduceOn, opts.reduceCtas,
                                            opts.firstSeq, [this](CUstream s, const char* what) { syncStream(s, what); });
   cu::ContextGuard guard(device);
   cu::check(cu::driver().cuEventCreate(&done_, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
@@ -136,12 +133,7 @@ void CeGroup::synchronize(std::chrono::milliseconds timeout) {
 }
 
 std::string CeGroup::flagState() const {
-  static const char* names[kFlagSets] = {"BARRIER", "ARM", "DATA"};
-  std::string out;
-  for (int f = 0; f < kFlagSets; ++f) {
-    std::string s = sync_[f]->unsatisfiedWaits(names[f]);
-    if (!s.empty()) out += (out.empty() ? "" : "; ") + s;
-  }
+  const std::string out = barrier_->unsatisfiedWaits("BARRIER");
   return out.empty() ? "no cross-rank wait is unsatisfied (the stream is busy with copies, a kernel, or work "
                        "it was ordered after)"
                      : "unsatisfied cross-rank waits: " + out;
@@ -151,13 +143,6 @@ std::vector<int> CeGroup::peersOn(CePath path) const {
   std::vector<int> out;
   for (int r = 0; r < world_; ++r)
     if (r != rank_ && peers_[r].path == path) out.push_back(r);
-  return out;
-}
-
-std::vector<int> CeGroup::everyone() const {
-  std::vector<int> out;
-  for (int r = 0; r < world_; ++r)
-    if (r != rank_) out.push_back(r);
   return out;
 }
 
@@ -193,16 +178,11 @@ void CeGroup::allGather(CUstream stream, CUdeviceptr out, CUdeviceptr in, size_t
   cu::ContextGuard guard(device_);
   ceRefuseCapture(stream, "all_gather");
   OpEnd end{[&] { finishOp(stream); }};
-  if (allP2P()) {
-    std::vector<P2PWrite> writes;
-    for (int p : everyone()) writes.push_back({p, rank_ * bytes, in, bytes});
-    pushP2P(stream, out, bytes * world_, writes, everyone());
-    ceCopyAsync(stream, out + rank_ * bytes, in, bytes);
-    return;
-  }
+  PlanRequest req = request(OpKind::AllGather, 1, bytes);
   CePlanArgs args{{in}, {}};
   for (int r = 0; r < world_; ++r) args.out.push_back(out + r * bytes);
-  runPlan(stream, planAllGather(request(OpKind::AllGather, 1, bytes), false), args);
+  if (allP2P()) return runDirectRead(stream, req, args, {in, bytes}, {out, bytes * world_});
+  runPlan(stream, planAllGather(req, false), args);
 }
 
 void CeGroup::allToAll(CUstream stream, CUdeviceptr out, CUdeviceptr in, size_t blockBytes) {
@@ -210,14 +190,8 @@ void CeGroup::allToAll(CUstream stream, CUdeviceptr out, CUdeviceptr in, size_t 
   cu::ContextGuard guard(device_);
   ceRefuseCapture(stream, "all_to_all");
   OpEnd end{[&] { finishOp(stream); }};
-  if (allP2P()) {
-    std::vector<P2PWrite> writes;
-    for (int p : everyone()) writes.push_back({p, rank_ * blockBytes, in + p * blockBytes, blockBytes});
-    pushP2P(stream, out, blockBytes * world_, writes, everyone());
-    ceCopyAsync(stream, out + rank_ * blockBytes, in + rank_ * blockBytes, blockBytes);
-    return;
-  }
-  // One phase holding every pair: the plan packs each source's blocks into its slot, in order.
+  // One phase holding every pair: the staged plan packs each source's blocks into its slot, in
+  // order; the direct-read plan reads every block between two barriers.
   PlanRequest req = request(OpKind::AllToAll, 1, blockBytes);
   TransferPhase all;
   CePlanArgs args;
@@ -227,6 +201,7 @@ void CeGroup::allToAll(CUstream stream, CUdeviceptr out, CUdeviceptr in, size_t 
     args.out.push_back(out + r * blockBytes);
   }
   req.phases.push_back(all);
+  if (allP2P()) return runDirectRead(stream, req, args, {in, blockBytes * world_}, {out, blockBytes * world_});
   runPlan(stream, planAllToAll(req), args);
 }
 
@@ -236,35 +211,9 @@ void CeGroup::broadcast(CUstream stream, CUdeviceptr buf, size_t bytes, int root
   cu::ContextGuard guard(device_);
   ceRefuseCapture(stream, "broadcast");
   OpEnd end{[&] { finishOp(stream); }};
-  if (allP2P()) {
-    std::vector<P2PWrite> writes;
-    if (rank_ == root)
-      for (int p : everyone()) writes.push_back({p, 0, buf, bytes});
-    pushP2P(stream, buf, bytes, writes, rank_ == root ? std::vector<int>{} : std::vector<int>{root});
-    return;
-  }
-  runPlan(stream, planBroadcast(request(OpKind::Broadcast, 1, bytes, root)), CePlanArgs{{buf}, {buf}});
-}
-
-// Push model over CUDA IPC: a writer copies straight into the reader's buffer once the reader
-// said the buffer may be overwritten (ARM: its stream reached this op), then says the data is
-// there (DATA). Sequence = this group's p2p op count, identical on every rank.
-void CeGroup::pushP2P(CUstream s, CUdeviceptr myDst, size_t myDstBytes, const std::vector<P2PWrite>& writes,
-                      const std::vector<int>& writers) {
-  const uint32_t seq = ++opSeq_;
-  lastAlgo_ = "p2p/push";
-  std::vector<int> targets;
-  for (const auto& w : writes) targets.push_back(w.peer);
-  auto mapped = ipc_->exchange(seq, myDst, myDstBytes, targets, s);
-  for (int w : writers) flags(kArm).signal(s, w, seq);
-  if (!targets.empty()) flags(kArm).waitMany(s, targets, std::vector<uint32_t>(targets.size(), seq));
-  for (const auto& w : writes) {
-    if (w.dstOffset + w.bytes > mapped[w.peer].bytes)
-      throw std::invalid_argument("hoccl: p2p write past the end of rank " + std::to_string(w.peer) + "'s buffer");
-    ceCopyAsync(s, mapped[w.peer].ptr + w.dstOffset, w.src, w.bytes);
-  }
-  for (int t : targets) flags(kData).signal(s, t, seq);
-  if (!writers.empty()) flags(kData).waitMany(s, writers, std::vector<uint32_t>(writers.size(), seq));
+  PlanRequest req = request(OpKind::Broadcast, 1, bytes, root);
+  if (allP2P()) return runDirectRead(stream, req, CePlanArgs{{buf}, {buf}}, {buf, bytes}, {buf, bytes});
+  runPlan(stream, planBroadcast(req), CePlanArgs{{buf}, {buf}});
 }
 
 void CeGroup::allReduce(CUstream stream, CUdeviceptr buf, int64_t count, c10::ScalarType dtype, RedOp op,
@@ -277,10 +226,84 @@ void CeGroup::allReduce(CUstream stream, CUdeviceptr buf, int64_t count, c10::Sc
   OpEnd end{[&] { finishOp(stream); }};
   const int64_t elem = static_cast<int64_t>(hoccl::elementSize(dtype));
   PlanRequest req = request(OpKind::AllReduce, elem, count * elem);
+  const CePlanArgs args{{buf}, {buf}, dtype, op, factor};
+  // Past one slot on the p2p path: each rank reads only the peers' slices of its own part and
+  // then the other parts, ~2 x the bytes over the peer links, with no host round trip. Up to one
+  // slot the staged one-shot plan's single barrier costs less than direct reads' three. The
+  // choice depends only on the size and the group's path, so every rank takes the same one.
+  if (allP2P() && req.bytes > req.slotBytes) {
+    const size_t bytes = static_cast<size_t>(req.bytes);
+    return runDirectRead(stream, req, args, {buf, bytes}, {buf, bytes});
+  }
   // One slot round: one-shot (one barrier). Larger on more than two ranks: reduce-scatter +
   // all-gather, so each rank copies ~2 x the bytes up instead of W x (two barriers per round).
   Plan plan = world_ > 2 && req.bytes > req.slotBytes ? planAllReduceRsAg(req) : planAllReduceOneShot(req);
-  runPlan(stream, plan, CePlanArgs{{buf}, {buf}, dtype, op, factor});
+  runPlan(stream, plan, args);
+}
+
+namespace {
+
+Plan directReadPlan(const PlanRequest& req) {
+  return req.kind == OpKind::AllToAll ? planAllToAllDirectRead(req) : planDirectRead(req);
+}
+
+// Marks, per peer, which of its regions (In, Out) `plan` reads.
+void markReads(const Plan& plan, std::vector<IpcWanted>& wanted) {
+  auto mark = [&](const Loc& l) {
+    if (l.remote()) wanted.at(l.buf)[l.space == Space::PeerOut ? 1 : 0] = true;
+  };
+  for (const Step& s : plan.steps) {
+    mark(s.src);
+    for (const Loc& l : s.srcs) mark(l);
+  }
+}
+
+// Rank r's blocks as mapped here: the same offsets into its region as this rank's blocks have
+// into its own (every CeGroup op lays its blocks out alike on all ranks).
+std::vector<CUdeviceptr> mirrorBlocks(const std::vector<CUdeviceptr>& mine, const IpcRegion& myRegion,
+                                      const IpcTarget& theirs, int rank, int peer, const char* what) {
+  if (theirs.bytes != myRegion.bytes)
+    throw std::invalid_argument("hoccl cuda-ce p2p: rank " + std::to_string(peer) + "'s " + what + " for this op has " +
+                                std::to_string(theirs.bytes) + " bytes, rank " + std::to_string(rank) + "'s " +
+                                std::to_string(myRegion.bytes) + " (the ranks called the op with different sizes)");
+  std::vector<CUdeviceptr> out;
+  for (CUdeviceptr b : mine) out.push_back(theirs.ptr + (b - myRegion.ptr));
+  return out;
+}
+
+}  // namespace
+
+// The plans of every rank come from the same request, so each rank knows without asking which
+// of its regions some peer reads (only those are exported) and which peers' regions it reads.
+// The exchange blocks the host until the ranks this one reads from have announced this op's
+// buffers; the stream work stays asynchronous: the plan's first barrier waits for the peers'
+// streams to reach the op before any read, the last keeps this rank's blocks until every peer
+// has read them.
+void CeGroup::runDirectRead(CUstream stream, const PlanRequest& req, CePlanArgs args, IpcRegion in, IpcRegion out) {
+  if (req.addressesPublished)
+    throw std::logic_error("hoccl cuda-ce: a direct-read plan needs its first barrier on the copy engines");
+  const Plan plan = directReadPlan(req);
+  std::vector<IpcWanted> reads(world_, IpcWanted{false, false});
+  markReads(plan, reads);
+  std::vector<IpcWanted> readByPeers(world_, IpcWanted{false, false});
+  for (int r = 0; r < world_; ++r) {
+    if (r == rank_) continue;
+    PlanRequest theirs = req;
+    theirs.rank = r;
+    markReads(directReadPlan(theirs), readByPeers);
+  }
+  IpcRegions mine{};
+  if (readByPeers[rank_][0]) mine[0] = in;
+  if (readByPeers[rank_][1]) mine[1] = out;
+  const auto mapped = ipc_->exchange(++opSeq_, mine, reads, stream);
+  args.peerIn.assign(world_, {});
+  args.peerOut.assign(world_, {});
+  for (int r = 0; r < world_; ++r) {
+    if (reads[r][0]) args.peerIn[r] = mirrorBlocks(args.in, in, mapped[r][0], rank_, r, "input");
+    if (reads[r][1]) args.peerOut[r] = mirrorBlocks(args.out, out, mapped[r][1], rank_, r, "output");
+  }
+  args.d2d = true;
+  runPlan(stream, plan, args);
 }
 
 void CeGroup::runPlan(CUstream stream, const Plan& plan, const CePlanArgs& args) {

@@ -12,10 +12,16 @@
 //  all_gather: planAllGather; all_to_all: planAllToAll over a one-phase schedule;
 //  broadcast: planBroadcast; all_reduce: planAllReduceOneShot, or planAllReduceRsAg for more than
 //  one slot on more than two ranks (each rank copies ~2x the chunk up instead of W x).
-// P2P path (every pair p2p): hand-written push model over CUDA IPC, not a Plan yet. A reader
-// signals ARM (its buffer may be overwritten: its stream reached this op), a writer waits ARM,
-// copies D2D straight into the reader's IPC-mapped buffer, signals DATA; the reader waits DATA.
-// all_reduce always takes the host path.
+// P2P path (every pair p2p): the direct-read plans (planDirectRead, planAllToAllDirectRead),
+// whose copies read peers' blocks in place, here one D2D each out of the peer's buffer mapped
+// through CUDA IPC (pull). all_gather, broadcast: planDirectRead; all_to_all:
+// planAllToAllDirectRead over the one-phase schedule; all_reduce: planDirectRead past one slot
+// (reduce-scatter by reading every peer's slice of this rank's part, all-gather of the parts),
+// the host path's one-shot plan up to one slot (one barrier where direct reads need three).
+// On the CPU the plans' first barrier publishes the buffer addresses; a stream barrier cannot
+// carry them to the host, so the host exchanges them (IpcExchange) before enqueueing, and that
+// first barrier still orders the reads after the peer's stream reached the op (its input is
+// written). The final barrier keeps every rank's blocks unchanged until all readers are done.
 //
 // Threading/streams: a CeGroup is not thread-safe and must be driven from one stream per group
 // (the comm stream): the flags' sequence numbers assume one order of ops, and writes from two
@@ -78,7 +84,7 @@ class CeGroup {
 
   const std::vector<PeerInfo>& peers() const { return peers_; }
   std::string describePaths() const;  // e.g. "0:host 1:p2p"
-  // The algorithm of the last op's plan, e.g. "allreduce/rs-ag" ("p2p/push" on the p2p path).
+  // The algorithm of the last op's plan, e.g. "allreduce/rs-ag" or "all_gather/direct-read".
   const std::string& lastAlgo() const { return lastAlgo_; }
   int rank() const { return rank_; }
 
@@ -90,20 +96,12 @@ class CeGroup {
   size_t ipcStoreKeys() const { return ipc_->exportedKeys(); }
 
  private:
-  enum Flag { kBarrier = 0, kArm, kData, kFlagSets };
-  CeSync& flags(Flag f) { return *sync_[f]; }
-  struct P2PWrite {
-    int peer;
-    size_t dstOffset;  // into the peer's destination buffer
-    CUdeviceptr src;
-    size_t bytes;
-  };
   std::vector<int> peersOn(CePath path) const;
-  std::vector<int> everyone() const;  // every rank but this one
   bool allP2P() const;
   PlanRequest request(OpKind kind, int64_t elemSize, int64_t bytes, int root = 0) const;
-  void pushP2P(CUstream s, CUdeviceptr myDst, size_t myDstBytes, const std::vector<P2PWrite>& writes,
-               const std::vector<int>& writers);
+  // Maps the peers' blocks the direct-read plan for `req` reads (`in` / `out`: the regions
+  // holding this rank's In / Out blocks, laid out alike on every rank), then runs it.
+  void runDirectRead(CUstream stream, const PlanRequest& req, CePlanArgs args, IpcRegion in, IpcRegion out);
   void runPlan(CUstream stream, const Plan& plan, const CePlanArgs& args);
   void syncStream(CUstream s, const char* what);
   void waitForEvent(CUevent e, std::chrono::steady_clock::time_point deadline, const std::string& what);
@@ -115,13 +113,13 @@ class CeGroup {
   CeGroupOptions opts_;
   std::vector<PeerInfo> peers_;
   std::unique_ptr<SharedHostRegion> flagRegion_;
-  std::vector<std::unique_ptr<CeSync>> sync_;
+  std::unique_ptr<CeSync> barrier_;  // the plans' barriers
   std::unique_ptr<HostStaging> staging_;
   std::unique_ptr<IpcExchange> ipc_;
   std::unique_ptr<CePlanExecutor> exec_;  // the host path
   CUevent done_ = nullptr;        // recorded after each op: what synchronize() and teardown wait for
   CUevent streamSync_ = nullptr;  // host reductions: "the stream reached here"
-  uint32_t opSeq_;                // last p2p op (same on every rank; cyclic)
+  uint32_t opSeq_;                // last direct-read op (same on every rank; cyclic)
   std::string lastAlgo_;
 };
 

@@ -9,17 +9,24 @@ namespace hoccl {
 
 #ifdef HOCCL_WITH_CUDA
 
+// One announced region; bytes 0: not announced.
+struct IpcExchange::Entry {
+  uint64_t bufferId, base, allocBytes, offset, bytes;
+};
+
 struct IpcExchange::Announcement {
   uint32_t seq;  // written last: the entry is valid for op `seq`
   uint32_t pad;
-  uint64_t bufferId, base, allocBytes, offset, bytes;
+  Entry region[kIpcRegions];
 };
 
 namespace {
 
 constexpr int kRing = 2;
-constexpr size_t kRowBytes = 128;  // kRing announcements + the reader's progress word
-static_assert(kRing * 48 + sizeof(uint32_t) <= kRowBytes, "announcement row");
+constexpr size_t kRowBytes = 256;  // kRing announcements + the reader's progress word
+static_assert(kRing * sizeof(uint64_t) * (1 + 5 * kIpcRegions) + sizeof(uint32_t) <= kRowBytes, "announcement row");
+
+const char* regionName(int i) { return i == 0 ? "input" : "output"; }
 
 bool reached(uint32_t now, uint32_t seq) { return static_cast<int32_t>(now - seq) >= 0; }
 
@@ -87,13 +94,20 @@ size_t IpcExchange::openMappings() const {
   return n;
 }
 
-// Publishes the handle of allocation `id` once; an older export it replaces (same range, so that
-// allocation is gone) is deleted once every peer has read past the last op that named it.
+// Publishes the handle of allocation `id` once. An older export that is gone (the new one
+// overlaps its range, or the driver no longer knows it by its id) is deleted once every peer has
+// read past the last op that named it; checked only on new exports, which steady state lacks.
 void IpcExchange::exportBuffer(uint64_t id, uint64_t base, uint64_t bytes, uint32_t seq) {
   auto it = exported_.find(id);
   if (it == exported_.end()) {
+    auto gone = [&](uint64_t oldId, const Exported& e) {
+      if (e.base < base + bytes && base < e.base + e.bytes) return true;
+      unsigned long long now = 0;
+      return cu::driver().cuPointerGetAttribute(&now, CU_POINTER_ATTRIBUTE_BUFFER_ID, e.base) != CUDA_SUCCESS ||
+             now != oldId;
+    };
     for (auto old = exported_.begin(); old != exported_.end();) {
-      if (old->second.base < base + bytes && base < old->second.base + old->second.bytes) {
+      if (gone(old->first, old->second)) {
         retiredKeys_.emplace_back(old->first, old->second.lastSeq);
         old = exported_.erase(old);
       } else {
@@ -145,25 +159,40 @@ IpcExchange::Announcement IpcExchange::awaitAnnouncement(int peer, uint32_t seq)
   return copy;
 }
 
-CUdeviceptr IpcExchange::mapPeer(int peer, const Announcement& a, CUstream stream) {
+void IpcExchange::retire(CUdeviceptr mapped, CUstream stream) {
+  const auto& api = cu::driver();
+  Retired r{mapped, nullptr};
+  cu::check(api.cuEventCreate(&r.done, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+  cu::check(api.cuEventRecord(r.done, stream), "cuEventRecord");
+  retired_.push_back(r);
+}
+
+CUdeviceptr IpcExchange::mapPeer(int peer, const Entry& e, CUstream stream) {
   auto& cache = mappings_[peer];
-  for (const auto& m : cache)
-    if (m.bufferId == a.bufferId) return m.mapped;
+  for (size_t i = 0; i < cache.size(); ++i)
+    if (cache[i].bufferId == e.bufferId) {
+      Mapping hit = cache[i];
+      cache.erase(cache.begin() + i);
+      cache.push_back(hit);  // most recently used last
+      return hit.mapped;
+    }
   const auto& api = cu::driver();
   // A new allocation over an old one's range means the old one was freed: retire its mapping,
-  // to be closed once the copies already issued into it are done.
+  // to be closed once the copies already issued out of it are done.
   for (size_t i = 0; i < cache.size();) {
-    if (cache[i].base < a.base + a.allocBytes && a.base < cache[i].base + cache[i].bytes) {
-      Retired r{cache[i].mapped, nullptr};
-      cu::check(api.cuEventCreate(&r.done, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
-      cu::check(api.cuEventRecord(r.done, stream), "cuEventRecord");
-      retired_.push_back(r);
+    if (cache[i].base < e.base + e.allocBytes && e.base < cache[i].base + cache[i].bytes) {
+      retire(cache[i].mapped, stream);
       cache.erase(cache.begin() + i);
     } else {
       ++i;
     }
   }
-  const std::string k = key(peer, a.bufferId);
+  // A freed allocation whose range is never reused would otherwise stay mapped for good.
+  if (cache.size() >= kIpcMappingsPerPeer) {
+    retire(cache.front().mapped, stream);
+    cache.erase(cache.begin());
+  }
+  const std::string k = key(peer, e.bufferId);
   store_->wait({k}, timeout_);
   auto bytes = store_->get(k);
   if (bytes.size() != sizeof(CUipcMemHandle))
@@ -176,21 +205,28 @@ CUdeviceptr IpcExchange::mapPeer(int peer, const Announcement& a, CUstream strea
     cu::check(r, ("cuIpcOpenMemHandle (rank " + std::to_string(rank_) + " mapping rank " + std::to_string(peer) +
                   "'s buffer; legacy CUDA IPC may be unsupported here: use HOCCL_CE_PATH=host)")
                      .c_str());
-  cache.push_back(Mapping{a.bufferId, a.base, a.allocBytes, mapped});
+  cache.push_back(Mapping{e.bufferId, e.base, e.allocBytes, mapped});
   return mapped;
 }
 
-std::vector<IpcTarget> IpcExchange::exchange(uint32_t seq, CUdeviceptr mine, size_t bytes,
-                                             const std::vector<int>& targets, CUstream stream) {
+IpcExchange::Entry IpcExchange::describe(const IpcRegion& region, uint32_t seq) {
+  if (region.bytes == 0) return Entry{};
   const auto& api = cu::driver();
   CUdeviceptr base = 0;
   size_t allocBytes = 0;
   unsigned long long id = 0;
-  cu::check(api.cuMemGetAddressRange(&base, &allocBytes, mine), "cuMemGetAddressRange");
-  if (mine + bytes > base + allocBytes)
+  cu::check(api.cuMemGetAddressRange(&base, &allocBytes, region.ptr), "cuMemGetAddressRange");
+  if (region.ptr + region.bytes > base + allocBytes)
     throw std::invalid_argument("hoccl: buffer runs past the end of its CUDA allocation");
-  cu::check(api.cuPointerGetAttribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, mine), "cuPointerGetAttribute");
+  cu::check(api.cuPointerGetAttribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, region.ptr), "cuPointerGetAttribute");
   exportBuffer(id, base, allocBytes, seq);
+  return Entry{id, base, allocBytes, region.ptr - base, region.bytes};
+}
+
+std::vector<IpcTargets> IpcExchange::exchange(uint32_t seq, const IpcRegions& mine,
+                                              const std::vector<IpcWanted>& wanted, CUstream stream) {
+  Entry entries[kIpcRegions];
+  for (int i = 0; i < kIpcRegions; ++i) entries[i] = describe(mine[i], seq);
 
   // The ring entry for `seq` last held seq - kRing: every peer must have read that one.
   auto deadline = std::chrono::steady_clock::now() + timeout_;
@@ -199,17 +235,22 @@ std::vector<IpcTarget> IpcExchange::exchange(uint32_t seq, CUdeviceptr mine, siz
       throw std::runtime_error("hoccl cuda-ce p2p on rank " + std::to_string(rank_) + ": rank " + std::to_string(r) +
                                " stopped reading buffer announcements (op " + std::to_string(seq) + ")");
   Announcement* own = slot(rank_, seq);
-  own->bufferId = id;
-  own->base = base;
-  own->allocBytes = allocBytes;
-  own->offset = mine - base;
-  own->bytes = bytes;
+  std::memcpy(own->region, entries, sizeof(entries));
   __atomic_store_n(&own->seq, seq, __ATOMIC_RELEASE);
 
-  std::vector<IpcTarget> out(world_);
-  for (int peer : targets) {
+  std::vector<IpcTargets> out(world_);
+  for (int peer = 0; peer < world_ && peer < static_cast<int>(wanted.size()); ++peer) {
+    if (peer == rank_ || !(wanted[peer][0] || wanted[peer][1])) continue;
     Announcement a = awaitAnnouncement(peer, seq);
-    out[peer] = IpcTarget{mapPeer(peer, a, stream) + a.offset, a.bytes};
+    for (int i = 0; i < kIpcRegions; ++i) {
+      if (!wanted[peer][i]) continue;
+      const Entry& e = a.region[i];
+      if (e.bytes == 0)
+        throw std::logic_error("hoccl cuda-ce p2p on rank " + std::to_string(rank_) + ": rank " +
+                               std::to_string(peer) + " did not announce its " + regionName(i) + " for op " +
+                               std::to_string(seq) + ", which this rank's plan reads (the ranks' plans disagree)");
+      out[peer][i] = IpcTarget{mapPeer(peer, e, stream) + e.offset, e.bytes};
+    }
   }
   std::atomic_thread_fence(std::memory_order_release);
   *readUpTo(rank_) = seq;

@@ -1,21 +1,26 @@
-// Runs a Plan (plan/plan.h) on the copy-engine transport's host path by enqueueing its steps on
-// one stream: the same plans the CPU executor (exec/executor.cpp) runs, so an algorithm is written
-// once for both. The host is not blocked, except by host-side reductions.
+// Runs a Plan (plan/plan.h) on the copy-engine transport by enqueueing its steps on one stream:
+// the same plans the CPU executor (exec/executor.cpp) runs, so an algorithm is written once for
+// both. The host is not blocked, except by host-side reductions.
 //
 //  Copy   Slot <- In/Out   D2H into this rank's pinned shared staging slot (copy engine)
 //         In/Out <- Slot   H2D out of any rank's slot (copy engine)
+//         In/Out <- PeerIn/PeerOut
+//                          one D2D out of the peer's block, IPC-mapped by the caller (p2p path)
 //         In/Out <- In/Out through a private pinned bounce buffer (D2H + H2D): a same-device
-//                          D2D might run on SMs, a copy to or from pinned host memory does not
+//                          D2D might run on SMs, a copy to or from pinned host memory does not;
+//                          on the p2p path (CePlanArgs::d2d) one D2D, that path's own copy
 //  Barrier                 stream write of this rank's barrier count to every peer, then one batch
 //                          of stream waits for every peer's count (ce_sync: cyclic >=). Like the
 //                          CPU's barrier it is full, so the plans' slot-reuse rule holds as is: a
 //                          slot is rewritten only after a barrier every reader of its previous
-//                          contents reached after reading them.
-//  Reduce (sources: slots) gpu: H2D every source into device scratch, one bounded kernel
-//                          (ce_reduce), a slot destination gets the result by D2H;
-//                          host: the CPU waits for the stream, reduces from the shared slots.
-// Plans that read peers' buffers in place (PeerIn/PeerOut) are refused: the p2p path keeps its
-// own code in ce_collectives.cpp.
+//                          contents reached after reading them; and a direct-read plan's final
+//                          barrier keeps each rank's blocks unchanged until every reader is done.
+//  Reduce                  in passes of one staging slot's size;
+//                          gpu: slot sources H2D and peer sources D2D into device scratch, this
+//                          rank's own blocks read in place, one bounded kernel (ce_reduce); a slot
+//                          destination gets the result by D2H;
+//                          host: device sources D2H into private pinned scratch, then the CPU
+//                          waits for the stream and reduces from there and the shared slots.
 //
 // Like the CPU executor it owns the counters every rank advances identically (barrier sequence,
 // staging-buffer cursor), so every rank of a group must run the same sequence of plan shapes.
@@ -42,6 +47,12 @@ struct CePlanArgs {
   c10::ScalarType dtype = c10::ScalarType::Byte;
   RedOp op = RedOp::Sum;
   double factor = 1.0;  // PREMUL_SUM
+  // Plans that read peers in place: peerIn[r][i] / peerOut[r][i] is rank r's block In(i) /
+  // Out(i) mapped into this process (empty for ranks the plan does not read).
+  std::vector<std::vector<CUdeviceptr>> peerIn, peerOut;
+  // The op runs on the p2p path, whose copies are D2D anyway (and checked by sm_free's d2d
+  // row): copies between this rank's own blocks take one D2D instead of the pinned bounce.
+  bool d2d = false;
 };
 
 class CePlanExecutor {
@@ -64,24 +75,27 @@ class CePlanExecutor {
     bool host;          // a staging slot (pinned host memory), else device memory
     void* hostPtr;      // when host
     CUdeviceptr dev;    // when device
+    bool remote;        // a peer's block, IPC-mapped
   };
-  Where resolve(const Loc& loc, const CePlanArgs& args) const;
+  Where resolve(const Loc& loc, const CePlanArgs& args, int64_t bytes) const;
   void copy(CUstream s, const Step& step, const CePlanArgs& args);
-  void deviceCopy(CUstream s, CUdeviceptr dst, CUdeviceptr src, size_t bytes);
+  void deviceCopy(CUstream s, CUdeviceptr dst, CUdeviceptr src, size_t bytes, bool d2d);
   void barrier(CUstream s);
   void reduce(CUstream s, const Step& step, const CePlanArgs& args);
-  void reduceOnGpu(CUstream s, const Step& step, const Where& dst, const std::vector<void*>& srcs,
+  void reduceOnGpu(CUstream s, int64_t count, bool finalize, const Where& dst, const std::vector<Where>& srcs,
                    const CePlanArgs& args);
-  void reduceOnHost(CUstream s, const Step& step, const Where& dst, const std::vector<void*>& srcs,
+  void reduceOnHost(CUstream s, int64_t count, bool finalize, const Where& dst, const std::vector<Where>& srcs,
                     const CePlanArgs& args);
 
   CeSync& barrier_;
   const HostStaging& staging_;
+  int device_;
   SyncStream syncStream_;
   std::vector<int> peers_;
   PinnedHostBuffer bounce_;                 // device-local copies, one slot's size per pass
   std::unique_ptr<ReduceKernel> kernel_;    // gpu reductions only
   std::unique_ptr<DeviceBuffer> scratch_;   // gpu reductions: world source slots + one result slot
+  std::unique_ptr<PinnedHostBuffer> hostScratch_;  // host reductions of device sources: world slots
   uint32_t barrierSeq_;                     // last barrier (same on every rank; cyclic)
   uint32_t bufCursor_ = 0;                  // staging-buffer cursor, as in exec/executor.cpp
 };

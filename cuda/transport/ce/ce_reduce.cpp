@@ -6,20 +6,9 @@
 
 #include "transport/ce/kernels/reduce_args.h"
 
-// Defined by the generated source (scripts/embed_kernel.py) when nvcc was present at build time.
-// Weak: without it both resolve to null and the kernel is reported unavailable, so the core
-// still links with the current setup.py.
-extern "C" {
-__attribute__((weak, visibility("hidden"))) extern const unsigned char hoccl_reduce_fatbin[];
-__attribute__((weak, visibility("hidden"))) extern const unsigned long long hoccl_reduce_fatbin_size;
-}
-
 namespace hoccl {
 
-size_t reduceKernelImageBytes() {
-  if (&hoccl_reduce_fatbin_size == nullptr || hoccl_reduce_fatbin == nullptr) return 0;
-  return static_cast<size_t>(hoccl_reduce_fatbin_size);
-}
+size_t reduceKernelImageBytes() { return embeddedImage(EmbeddedKernel::Reduce).bytes; }
 
 int reduceCtasFromEnv() {
   const char* v = std::getenv("HOCCL_REDUCE_CTAS");
@@ -67,30 +56,21 @@ int toKernelScale(RedOp op) {
 
 }  // namespace
 
-ReduceKernel::ReduceKernel(int device, int maxCtas) : device_(device), maxCtas_(std::max(1, maxCtas)) {
+ReduceKernel::ReduceKernel(int device, int maxCtas) : maxCtas_(std::max(1, maxCtas)) {
   if (!reduceKernelImageBytes())
     throw std::runtime_error("hoccl: no GPU reduction kernel in this build (nvcc was not found at build "
                              "time); set HOCCL_REDUCE_ON=host");
-  cu::ContextGuard guard(device_);
-  cu::check(cu::driver().cuModuleLoadData(&module_, hoccl_reduce_fatbin), "cuModuleLoadData (reduction kernel)");
+  module_ = std::make_unique<EmbeddedModule>(EmbeddedKernel::Reduce, device);
 }
 
-ReduceKernel::~ReduceKernel() {
-  if (!module_) return;
-  try {
-    cu::ContextGuard guard(device_);
-    cu::driver().cuModuleUnload(module_);
-  } catch (...) {
-    // Teardown: the context may already be gone.
-  }
-}
+ReduceKernel::~ReduceKernel() = default;
 
 CUfunction ReduceKernel::function(c10::ScalarType dtype) {
   for (auto& [t, f] : functions_)
     if (t == dtype) return f;
   std::string name = std::string("hoccl_reduce_") + c10::toString(dtype);
   CUfunction f = nullptr;
-  CUresult r = cu::driver().cuModuleGetFunction(&f, module_, name.c_str());
+  CUresult r = cu::driver().cuModuleGetFunction(&f, module_->get(), name.c_str());
   if (r == CUDA_ERROR_NOT_FOUND)
     throw std::invalid_argument(std::string("hoccl: no GPU reduction for dtype ") + c10::toString(dtype));
   cu::check(r, "cuModuleGetFunction");

@@ -1,16 +1,18 @@
 // The reduction arithmetic on the GPU: the only SM work of the cuda-ce transport.
 //
 // The kernel (cuda/transport/ce/kernels/reduce.cu) is compiled by nvcc at build time into a fatbin that
-// scripts/embed_kernel.py embeds in a generated source; this file loads it with
-// cuModuleLoadData and launches it with cuLaunchKernel (no cudart). Built without nvcc, the
+// scripts/embed_kernel.py embeds in a generated source; ce_module loads it (cuModuleLoadData) and
+// this file launches it with cuLaunchKernel (no cudart). Built without nvcc, the
 // kernel is unavailable and reductions must run on the host (HOCCL_REDUCE_ON=host).
 #pragma once
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "transport/ce/ce_module.h"
 #include "transport/ce/cuda_driver.h"
 #include "exec/reduce_kernels.h"
 
@@ -52,9 +54,8 @@ class ReduceKernel {
 
  private:
   CUfunction function(c10::ScalarType dtype);
-  int device_;
   int maxCtas_;
-  CUmodule module_ = nullptr;
+  std::unique_ptr<EmbeddedModule> module_;
   std::vector<std::pair<c10::ScalarType, CUfunction>> functions_;
 };
 

@@ -3,19 +3,9 @@
 #include <algorithm>
 #include <stdexcept>
 
-// Defined by the generated source (scripts/embed_kernel.py) when nvcc was present at build time;
-// weak, so a build without nvcc links and reports the kernel unavailable.
-extern "C" {
-__attribute__((weak, visibility("hidden"))) extern const unsigned char hoccl_spin_fatbin[];
-__attribute__((weak, visibility("hidden"))) extern const unsigned long long hoccl_spin_fatbin_size;
-}
-
 namespace hoccl {
 
-size_t spinKernelImageBytes() {
-  if (&hoccl_spin_fatbin_size == nullptr || hoccl_spin_fatbin == nullptr) return 0;
-  return static_cast<size_t>(hoccl_spin_fatbin_size);
-}
+size_t spinKernelImageBytes() { return embeddedImage(EmbeddedKernel::Spin).bytes; }
 
 #ifdef HOCCL_WITH_CUDA
 
@@ -35,20 +25,13 @@ int attribute(CUdevice dev, CUdevice_attribute a, const char* what) {
 SpinKernel::SpinKernel(int device) : device_(device) {
   if (!spinKernelImageBytes())
     throw std::runtime_error("hoccl: no SM spin kernel in this build (nvcc was not found at build time)");
+  module_ = std::make_unique<EmbeddedModule>(EmbeddedKernel::Spin, device);
   cu::ContextGuard guard(device_);
-  cu::check(cu::driver().cuModuleLoadData(&module_, hoccl_spin_fatbin), "cuModuleLoadData (spin kernel)");
-  cu::check(cu::driver().cuModuleGetFunction(&function_, module_, kSpinName), "cuModuleGetFunction (spin kernel)");
+  cu::check(cu::driver().cuModuleGetFunction(&function_, module_->get(), kSpinName),
+            "cuModuleGetFunction (spin kernel)");
 }
 
-SpinKernel::~SpinKernel() {
-  if (!module_) return;
-  try {
-    cu::ContextGuard guard(device_);
-    cu::driver().cuModuleUnload(module_);
-  } catch (...) {
-    // Teardown: the context may already be gone.
-  }
-}
+SpinKernel::~SpinKernel() = default;
 
 SpinShape SpinKernel::shape() const {
   const auto& api = cu::driver();

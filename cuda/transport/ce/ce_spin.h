@@ -1,5 +1,5 @@
 // The SM-occupying kernel of the sm_free check (kernels/spin.cu), loaded like the reduction
-// kernel: embedded fatbin, cuModuleLoadData, cuLaunchKernel through the dlopen'ed driver table.
+// kernel (ce_module: embedded fatbin, cuModuleLoadData) and launched through the driver table.
 //
 // Why a kernel: the profiler cannot tell whether a copy ran on a copy engine (a same-device D2D
 // that the driver implements as a kernel is still labelled "Memcpy DtoD"). Filling every SM's
@@ -7,8 +7,10 @@
 // observable: only copy-engine work can finish while they hold the SMs.
 #pragma once
 #include <cstddef>
+#include <memory>
 #include <string>
 
+#include "transport/ce/ce_module.h"
 #include "transport/ce/cuda_driver.h"
 #include "transport/ce/kernels/spin_args.h"
 
@@ -45,7 +47,7 @@ class SpinKernel {
 
  private:
   int device_;
-  CUmodule module_ = nullptr;
+  std::unique_ptr<EmbeddedModule> module_;
   CUfunction function_ = nullptr;
 };
 
