@@ -18,8 +18,9 @@ def env_for(world: int, **extra) -> dict:
     """Each world size exercises a different data path, so all of them are covered:
     world 2 stages everything through shared memory (cross-memory reads off) and copies into
     outputs with streaming stores from 100 bytes (odd sizes and alignments), world 3 reads
-    peers' buffers directly from 4 KiB up, world 4 reads directly from the default 256 KiB and
-    stages smaller payloads in rounds of 8 KiB (many rounds, a ragged last one)."""
+    peers' buffers directly from 4 KiB up, world 4 reads directly from the default 256 KiB (all_reduce
+    from its default 2 MiB) and stages smaller payloads in rounds of 8 KiB (many rounds, a ragged
+    last one)."""
     env = dict(SMALL_SLOTS, **extra)
     if world == 4:
         env["HOCCL_STAGED_ROUND_BYTES"] = "8192"
@@ -324,6 +325,25 @@ def check_subgroups(rank, world):
         assert [o.item() for o in out] == [0.0, 1.0]
     dist.barrier()
     return True
+
+
+def check_all_reduce_thresholds(rank, world):
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    seen = []
+    for case, n in enumerate((65_536, 262_144, 1_048_576)):  # float32: 256 KiB, 1 MiB, 4 MiB
+        inputs = [make_input(r, 7000 + case, n, torch.float32) for r in range(world)]
+        t = inputs[rank].clone()
+        dist.all_reduce(t)
+        assert_close(t, reference_reduce(inputs, "sum", world), f"all_reduce n={n}")
+        seen.append(backend.last_algorithm())
+    return seen
+
+
+def test_all_reduce_stages_in_rounds_below_its_direct_read_size():
+    # Defaults: other ops read peers directly from 256 KiB, all_reduce stages up to 2 MiB (in
+    # 128 KiB rounds) and reads directly from there.
+    for seen in run_ranks(check_all_reduce_thresholds, 2):
+        assert seen == ["allreduce/rs-ag", "allreduce/rs-ag", "all_reduce/direct-read"], seen
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])

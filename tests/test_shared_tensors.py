@@ -191,7 +191,8 @@ def check_large_all_reduce_choice(rank, world, who_shares):
 
 @pytest.mark.parametrize("who_shares", [(0, 1, 2), (0, 2), ()])
 def test_large_all_reduce_reads_mapped_only_when_every_rank_shares(who_shares):
-    env = {"HOCCL_ALLREDUCE_CMA_MAX_BYTES": "1M"}  # 200 003 elements x 3 ranks are past it
+    # 200 003 elements x 3 ranks are past the max; the min lets these sizes read peers at all
+    env = {"HOCCL_ALLREDUCE_CMA_MAX_BYTES": "1M", "HOCCL_ALLREDUCE_CMA_MIN_BYTES": "256K"}
     results = run_ranks(check_large_all_reduce_choice, 3, who_shares, env=env, timeout=300)
     every = len(who_shares) == 3
     for per_rank in results:

@@ -80,7 +80,7 @@ std::shared_ptr<const Plan> ProcessGroupHOCCL::allToAllPlan(Collective& c, const
   for (int64_t v : matrix) total += v;
   // Plan choices must agree on every rank: size them by the whole exchange, not by my part.
   c.req.bytes = total / size_;
-  c.req.slotBytes = stagingRoundBytes(c.req.bytes);
+  c.req.slotBytes = stagingRoundBytes(c.req.kind, c.req.bytes);
   c.req.addressesPublished = published;
   const size_t keep = static_cast<size_t>(config_.alltoallPlanCache);
   CachedSchedule entry;

@@ -27,8 +27,9 @@ HocclConfig HocclConfig::fromEnv(int world) {
   c.shm.ringBytes = static_cast<size_t>(config::bytes("HOCCL_SHM_RING_BYTES", ringAuto, 4096));
   c.oneShotMaxBytes = config::bytes("HOCCL_ALLREDUCE_ONESHOT_BYTES");
   c.crossMemoryMinBytes = config::bytes("HOCCL_CMA_MIN_BYTES");
-  c.stagedRoundBytes =
-      config::bytes("HOCCL_STAGED_ROUND_BYTES", static_cast<int64_t>(c.shm.slotBytes), 4096);
+  c.stagedRoundBytes = config::bytes("HOCCL_STAGED_ROUND_BYTES", 0, 4096);
+  c.allReduceCrossMemoryMinBytes = config::bytes(
+      "HOCCL_ALLREDUCE_CMA_MIN_BYTES", config::isSet("HOCCL_CMA_MIN_BYTES") ? c.crossMemoryMinBytes : 2 << 20);
   std::string cma = config::text("HOCCL_SHM_CMA");
   c.shm.crossMemory = cma == "auto" ? -1 : (cma == "1" || cma == "on") ? 1 : 0;
   // Spinning pays only while every rank has a core: an oversubscribed peer needs ours to run.

@@ -14,9 +14,12 @@ struct HocclConfig {
   ShmConfig shm;
   int64_t oneShotMaxBytes = 64 << 10;
   int64_t crossMemoryMinBytes = 256 << 10;
-  // Staged plans below crossMemoryMinBytes move data in rounds of at most this many bytes per
-  // slot: rounds that stay in cache, at the price of more barriers.
-  int64_t stagedRoundBytes = 4 << 20;
+  // Staged plans move data in rounds of at most this many bytes per slot: rounds that stay in
+  // cache, at the price of more barriers. 0: all_reduce 128 KiB, other ops the whole slot.
+  int64_t stagedRoundBytes = 0;
+  // all_reduce stages below this (and crossMemoryMinBytes): two direct reads per byte with their
+  // page pinning lose to copies through cache-sized rounds until the data outgrows the cache.
+  int64_t allReduceCrossMemoryMinBytes = 2 << 20;
   int64_t allReduceDirectReadMaxBytes = 64 << 20;  // all_reduce: direct reads below bytes x world
   int64_t inlineMaxBytes = 64 << 10;  // run smaller collectives on the caller's thread when idle
   int64_t streamingCopyMinBytes = 1 << 20;  // copies into outputs from this size bypass the cache

@@ -131,7 +131,8 @@ class ProcessGroupHOCCL : public c10d::Backend {
 
   std::shared_ptr<const Plan> planFor(const PlanRequest& req);
   // Slot bytes a staged plan of this payload uses per round (HOCCL_STAGED_ROUND_BYTES).
-  int64_t stagingRoundBytes(int64_t payloadBytes) const;
+  int64_t crossMemoryMinBytes(OpKind kind) const;
+  int64_t stagingRoundBytes(OpKind kind, int64_t payloadBytes) const;
   // After a barrier with this parity: does every rank's input block 0 lie in a shared tensor?
   bool everyRankShared(uint32_t parity, int64_t bytes) const;
   void checkWait(const Collective& c, int peer);

@@ -30,8 +30,11 @@ const std::vector<Variable> kTable = {
      "cross-memory (process_vm_readv) reads between ranks: auto (probe), 0 off, 1 required"},
     {"HOCCL_CMA_MIN_BYTES", K::Bytes, R::Core, "256K", "", "payloads from this size use direct-read plans"},
     {"HOCCL_STAGED_ROUND_BYTES", K::Bytes, R::Core, "auto", "",
-     "staged plans below HOCCL_CMA_MIN_BYTES move data in rounds of this many bytes per slot; auto: the whole "
-     "slot"},
+     "staged plans (below the cross-memory thresholds) move data in rounds of this many bytes per slot; auto: "
+     "128K for all_reduce, the whole slot for other ops"},
+    {"HOCCL_ALLREDUCE_CMA_MIN_BYTES", K::Bytes, R::Core, "auto", "",
+     "all_reduce reads peers directly from this size up (and from HOCCL_CMA_MIN_BYTES); below, it stages; "
+     "auto: 2M, or HOCCL_CMA_MIN_BYTES when that is set"},
     {"HOCCL_ALLREDUCE_CMA_MAX_BYTES", K::Bytes, R::Core, "auto", "",
      "all_reduce reads peers directly only while tensor bytes x world is below this; auto: 256M, or 64M when "
      "HOCCL_HUGEPAGE_MIN_BYTES=0"},
@@ -121,7 +124,8 @@ int64_t parseNumber(const Variable& var, const std::string& value, bool allowSuf
 int64_t number(const std::string& name, int64_t autoValue, int64_t minimum, bool allowSuffix) {
   const Variable& var = variable(name);
   std::string value = text(name);
-  int64_t n = value == "auto" ? autoValue : parseNumber(var, value, allowSuffix);
+  if (value == "auto") return autoValue;  // the caller's own value may be a sentinel below the minimum
+  int64_t n = parseNumber(var, value, allowSuffix);
   if (n < minimum) reject(var, value, "is below the smallest allowed value, " + std::to_string(minimum));
   return n;
 }
