@@ -3,6 +3,8 @@ locally from the known inputs of all ranks. Staging slots are shrunk to 64 KiB s
 larger sizes run chunked (several staging rounds), as messages larger than the slots do."""
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -344,6 +346,26 @@ def test_all_reduce_stages_in_rounds_below_its_direct_read_size():
     # 128 KiB rounds) and reads directly from there.
     for seen in run_ranks(check_all_reduce_thresholds, 2):
         assert seen == ["allreduce/rs-ag", "allreduce/rs-ag", "all_reduce/direct-read"], seen
+
+
+def check_late_peer(rank, world):
+    cpu_seconds = []
+    for i in range(3):
+        if rank == 1:
+            time.sleep(0.3)
+        t = torch.full((1 << 18,), float(rank + i))
+        start = time.process_time()
+        dist.all_reduce(t)  # synchronous: runs on this thread, which spins before it sleeps
+        cpu_seconds.append(time.process_time() - start)
+        assert torch.equal(t, torch.full_like(t, float(2 * i + 1))), f"round {i}"
+    return cpu_seconds
+
+
+def test_a_synchronous_op_spins_then_sleeps_through_a_late_peer():
+    # Rank 0 waits 0.3 s for rank 1 three times: it spins HOCCL_CALLER_SPIN_US (2 ms here, where
+    # the ranks fit the cores), then sleeps. Spinning the whole wait would take 0.3 s of CPU.
+    early, late = run_ranks(check_late_peer, 2, env={"HOCCL_CALLER_SPIN_US": "auto"})
+    assert max(early) < 0.1, early
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])

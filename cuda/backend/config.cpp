@@ -34,6 +34,11 @@ HocclConfig HocclConfig::fromEnv(int world) {
   c.shm.crossMemory = cma == "auto" ? -1 : (cma == "1" || cma == "on") ? 1 : 0;
   // Spinning pays only while every rank has a core: an oversubscribed peer needs ours to run.
   c.shm.spinMicros = config::integer("HOCCL_SPIN_US", world <= cpusAllowed() ? 30 : 0, 0);
+  // A caller blocked on its op leaves its thread nothing else to do, and a sleeping waiter costs
+  // a futex wake-up, which on a virtual machine whose idle vCPUs halt can take longer than the
+  // op. Short spins then lock two ranks into taking turns to sleep at every barrier (1 MiB
+  // all_to_all: ~700 instead of ~120 us per op on the 2-core VM, docs/mpi_comparison.md).
+  c.callerSpinMicros = config::integer("HOCCL_CALLER_SPIN_US", world <= cpusAllowed() ? 2000 : 0, 0);
   c.inlineMaxBytes = config::bytes("HOCCL_INLINE_BYTES");
   c.streamingCopyMinBytes = config::bytes("HOCCL_STREAMING_COPY_BYTES");
   c.hugePageMinBytes = config::bytes("HOCCL_HUGEPAGE_MIN_BYTES");

@@ -22,6 +22,7 @@ struct HocclConfig {
   int64_t allReduceCrossMemoryMinBytes = 2 << 20;
   int64_t allReduceDirectReadMaxBytes = 64 << 20;  // all_reduce: direct reads below bytes x world
   int64_t inlineMaxBytes = 64 << 10;  // run smaller collectives on the caller's thread when idle
+  int64_t callerSpinMicros = 0;       // barrier spin of ops run on a caller's thread that waits for them
   int64_t streamingCopyMinBytes = 1 << 20;  // copies into outputs from this size bypass the cache
   int64_t hugePageMinBytes = 4 << 20;  // reused peer-read buffers from this size go on huge pages (0: off)
   int64_t alltoallPlanCache = 8;       // VarioPath plans kept for repeated split matrices (0: off)

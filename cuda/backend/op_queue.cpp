@@ -1,4 +1,5 @@
 #include "backend/process_group.h"
+#include "transport/shm/futex_wait.h"
 
 #include <algorithm>
 
@@ -32,7 +33,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::enqueue(c10d::OpType type, std
     }
     busy_ = true;
   }
-  runTask(work, body);
+  {
+    SpinAtLeast spin(std::chrono::microseconds(callerWaits ? config_.callerSpinMicros : 0));
+    runTask(work, body);
+  }
   bool wakeWorker;
   {
     std::lock_guard<std::mutex> lock(queueMutex_);

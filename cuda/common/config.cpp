@@ -45,6 +45,9 @@ const std::vector<Variable> kTable = {
     {"HOCCL_SPIN_US", K::Integer, R::Core, "auto", "",
      "microseconds a rank busy-waits at a barrier before yielding its core; auto: 30 when the group's ranks "
      "fit the CPUs this process may run on, else 0"},
+    {"HOCCL_CALLER_SPIN_US", K::Integer, R::Core, "auto", "",
+     "the same for ops that run on the thread of a caller waiting for them (synchronous CPU collectives); "
+     "auto: 2000 when the group's ranks fit the CPUs this process may run on, else 0"},
     {"HOCCL_INLINE_BYTES", K::Bytes, R::Core, "64K", "",
      "ops up to this size run on the caller's thread when nothing is queued"},
     {"HOCCL_ALLTOALL_ALGO", K::Choice, R::Core, "varipath", "varipath,direct,pairwise",

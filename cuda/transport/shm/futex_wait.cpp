@@ -5,6 +5,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <ctime>
 
 namespace hoccl {
@@ -19,6 +20,16 @@ void futexWait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::micr
   ts.tv_nsec = (timeout.count() % 1000000) * 1000;
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
 }
+
+namespace {
+thread_local std::chrono::microseconds threadSpinFloor{0};
+}  // namespace
+
+SpinAtLeast::SpinAtLeast(std::chrono::microseconds spin) : saved_(threadSpinFloor) {
+  threadSpinFloor = std::max(saved_, spin);
+}
+
+SpinAtLeast::~SpinAtLeast() { threadSpinFloor = saved_; }
 
 namespace {
 // 64 pause instructions: well under a microsecond.
@@ -39,6 +50,7 @@ void waitUntil(const std::function<bool()>& ready, std::atomic<uint32_t>* word,
   // Phase 1: a short spin catches the common case where the peer is a few hundred ns behind;
   // when ranks have cores of their own, keep spinning for `spin`.
   if (spinBriefly(ready)) return;
+  spin = std::max(spin, threadSpinFloor);
   if (spin.count() > 0) {
     auto until = std::chrono::steady_clock::now() + spin;
     while (std::chrono::steady_clock::now() < until)

@@ -1,5 +1,6 @@
 // Cross-process waiting on 32-bit words in shared memory: spin briefly, yield, then sleep on a
-// futex. Tests run 4 ranks on 2 cores, so a waiter must never burn a core for long.
+// futex. Tests run 4 ranks on 2 cores, so a waiter must never burn a core for long while ranks
+// outnumber the CPUs.
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -25,6 +26,20 @@ inline bool seqReached(uint32_t a, uint32_t b) { return static_cast<int32_t>(a -
 void waitUntil(const std::function<bool()>& ready, std::atomic<uint32_t>* word,
                std::atomic<uint32_t>* waiters, const std::function<void()>& check,
                std::chrono::microseconds spin = std::chrono::microseconds(0));
+
+// While alive, every wait on this thread spins for at least `spin` before yielding. For a thread
+// whose caller is blocked until the op completes: it has nothing else to run, and the futex
+// wake-up it would otherwise sleep through can outlast the wait (halted vCPUs of a VM).
+class SpinAtLeast {
+ public:
+  explicit SpinAtLeast(std::chrono::microseconds spin);
+  ~SpinAtLeast();
+  SpinAtLeast(const SpinAtLeast&) = delete;
+  SpinAtLeast& operator=(const SpinAtLeast&) = delete;
+
+ private:
+  std::chrono::microseconds saved_;
+};
 
 // Producer side: publish a new value and wake sleepers only when some exist (saves a syscall).
 inline void publishAndWake(std::atomic<uint32_t>* word, uint32_t value,
