@@ -29,7 +29,7 @@ nccl-tests' -R), for both backends; gloo handles them as any CPU tensor.
 --vs mpi (or --vs mpi,gloo) compares with Open MPI instead (bench_mpi.py: installed from the
 system's packages on first use, a C loop over reused malloc buffers, 4 KB - 64 MB by default); the
 figures there are the best over rounds, beside MPI's time plus torch's floor (an 8-byte all_reduce
-on a world-1 hoccl group, measured in the same run).
+on a world-1 hoccl group, measured in every cell, taking turns with the backends).
 """
 from __future__ import annotations
 

@@ -8,8 +8,11 @@ side's calls per round are calibrated so that its rounds last about ROUND_SECOND
 is the best over rounds of its slowest rank's mean time per call.
 
 torch's floor is what one torch call costs with no communication at all: `dist.all_reduce` of 8
-bytes on a world-1 hoccl group, timed by rank 0 in the same run. No torch backend can go under
-MPI's time plus that floor, which is the fair target for hoccl at small sizes.
+bytes on a world-1 hoccl group. No torch backend can go under MPI's time plus that floor, which is
+the fair target for hoccl at small sizes. It is measured like a backend, in every cell, taking
+its turn with the others, on every rank at once (each on its own world-1 group) and reported as
+the slowest rank's mean: this machine's speed moves by tens of percent within a minute, and a
+floor measured once would compare cells against a different machine.
 
 Open MPI comes from the system's packages (Debian's openmpi-bin and libopenmpi-dev, installed with
 apt-get when mpicc or mpirun is missing); the loop is compiled on first use into
@@ -169,6 +172,7 @@ def _calibrated(seconds_per_call: float) -> int:
 
 
 def _floor_round(x, group, iters: int) -> float:
+    """Seconds per call of torch's floor: an 8-byte all_reduce on this rank's world-1 group."""
     import torch.distributed as dist
 
     start = time.perf_counter()
@@ -206,7 +210,7 @@ def _torch_rank(rank, world, backends, port, conn, shared):
             _, b, iters = msg
             conn.send(_time_round(op, bufs[b], groups[b], iters))
         elif msg[0] == "floor":
-            conn.send(_floor_round(floor_x, alone, msg[1]) if rank == 0 else None)
+            conn.send(_floor_round(floor_x, alone, msg[1]))
         else:
             break
     dist.destroy_process_group()
@@ -252,16 +256,15 @@ def _row(backend, world, op, nbytes, samples, iters):
 
 def run_world(torch_backends: list[str], world: int, ops, sizes, rounds: int = 5, show_progress=True,
               shared=False) -> list[dict]:
-    """Rows for every (backend, op, size) at this world size, MPI's under backend "mpi", and one
-    row for torch's floor (backend FLOOR, op all_reduce, 8 bytes, world 1)."""
+    """Rows for every (backend, op, size) at this world size, MPI's under backend "mpi", and per
+    cell a row for torch's floor measured in turn with them (backend FLOOR, op all_reduce, 8 bytes,
+    world 1; `floor_for` = (world, op, size) of its cell)."""
     torch_ranks = TorchRanks(world, torch_backends, shared)
     mpi = MpiRanks(world)
     rows = []
     try:
-        floor_iters = _calibrated(torch_ranks.ask("floor", 400)[0])  # also the warm-up
-        floor = [torch_ranks.ask("floor", floor_iters)[0] for _ in range(rounds)]
-        rows.append(dict(_row(FLOOR, 1, "all_reduce", 8, floor, floor_iters), floor_for=world))
-        names = torch_backends + ["mpi"]
+        torch_ranks.ask("floor", 400)  # warm-up
+        names = torch_backends + ["mpi", FLOOR]
         total, done = len(ops) * len(sizes), 0
         for op in ops:
             for nbytes in sizes:
@@ -270,6 +273,8 @@ def run_world(torch_backends: list[str], world: int, ops, sizes, rounds: int = 5
                 count = torch_ranks.ask("cell", op, nbytes, warmup)[0]
                 mpi.cell(op, count, warmup)
                 def timed(b, n):
+                    if b == FLOOR:
+                        return max(torch_ranks.ask("floor", n))
                     return mpi.round(n) if b == "mpi" else max(torch_ranks.ask("round", b, n))
 
                 calls = {b: _calibrated(timed(b, iters)) for b in names}
@@ -277,7 +282,9 @@ def run_world(torch_backends: list[str], world: int, ops, sizes, rounds: int = 5
                 for r in range(rounds):
                     for b in names if r % 2 == 0 else names[::-1]:
                         samples[b].append(timed(b, calls[b]))
-                rows += [_row(b, world, op, count * 4, samples[b], calls[b]) for b in names]
+                rows += [_row(b, world, op, count * 4, samples[b], calls[b]) for b in names if b != FLOOR]
+                rows.append(dict(_row(FLOOR, 1, "all_reduce", 8, samples[FLOOR], calls[FLOOR]),
+                                 floor_for=[world, op, count * 4]))
                 done += 1
                 if show_progress:
                     bar = "#" * int(30 * done / total)
@@ -294,9 +301,15 @@ def run_world(torch_backends: list[str], world: int, ops, sizes, rounds: int = 5
     return rows
 
 
-def floor_us(rows: list[dict], world: int) -> float:
-    """torch's floor measured alongside this world size's rows."""
-    return next(r["time_us"] for r in rows if r["backend"] == FLOOR and r.get("floor_for") == world)
+def floor_us(rows: list[dict], world: int, op: str, nbytes: int) -> float:
+    """torch's floor measured in turn with this cell's backends."""
+    return next(r["time_us"] for r in rows if r["backend"] == FLOOR and r.get("floor_for") == [world, op, nbytes])
+
+
+def floor_range(rows: list[dict], world: int) -> str:
+    """The floors of one world size's cells, as "lo-hi"."""
+    floors = [r["time_us"] for r in rows if r["backend"] == FLOOR and r["floor_for"][0] == world]
+    return f"{min(floors):.1f}-{max(floors):.1f}" if floors else "?"
 
 
 def print_table(rows: list[dict], memcpy_GBps: float) -> None:
@@ -304,9 +317,8 @@ def print_table(rows: list[dict], memcpy_GBps: float) -> None:
     backends = [b for b in ("hoccl", "gloo", "mpi") if any(r["backend"] == b for r in rows)]
     ops = list(dict.fromkeys(r["op"] for r in rows if r["backend"] != FLOOR))
     for world in sorted({r["world"] for r in rows if r["backend"] != FLOOR}):
-        floor = floor_us(rows, world)
         for op in ops:
-            print(f"\n# {op}  world={world}  (best of rounds; torch floor {floor:.1f} us)")
+            print(f"\n# {op}  world={world}  (best of rounds; torch floor per cell, {floor_range(rows, world)} us)")
             head = backend_columns_head(backends)
             head += f" | {'mpi+floor us':>12s} | busbw x mpi | hoccl / (mpi+floor) | hoccl copy%"
             print(head)
@@ -314,7 +326,7 @@ def print_table(rows: list[dict], memcpy_GBps: float) -> None:
                 line = backend_columns(keyed, backends, world, op, nbytes)
                 h, m = keyed.get(("hoccl", world, op, nbytes)), keyed.get(("mpi", world, op, nbytes))
                 if h and m:
-                    target = m["time_us"] + floor
+                    target = m["time_us"] + floor_us(rows, world, op, nbytes)
                     line += (f" | {target:12.1f} | {m['time_us'] / h['time_us']:10.2f}x"
                              f" | {h['time_us'] / target:18.2f}x | {100 * copy_fraction(h, memcpy_GBps):10.0f}%")
                 print(line)
@@ -349,9 +361,9 @@ def print_markdown(rows: list[dict]) -> None:
     peers = [b for b in ("mpi", "gloo") if any(r["backend"] == b for r in rows)]
     label = {"mpi": "MPI", "gloo": "gloo"}
     for world in sorted({r["world"] for r in rows if r["backend"] != FLOOR}):
-        floor = floor_us(rows, world)
         sizes = sorted({r["bytes"] for r in rows if r["world"] == world and r["backend"] != FLOOR})
-        print(f"\n**world {world}** (best of rounds, µs per call; torch floor {floor:.1f} µs in this run)\n")
+        print(f"\n**world {world}** (best of rounds, µs per call; torch floor {floor_range(rows, world)} µs, "
+              "measured in every cell)\n")
         print("| op | | " + " | ".join(_size_label(n) for n in sizes) + " |")
         print("|---|---|" + "---:|" * len(sizes))
         for op in dict.fromkeys(r["op"] for r in rows if r["backend"] != FLOOR):
@@ -363,7 +375,7 @@ def print_markdown(rows: list[dict]) -> None:
 
             def ratio(n):
                 h, m = keyed.get(("hoccl", world, op, n)), keyed.get(("mpi", world, op, n))
-                return f"{h['time_us'] / (m['time_us'] + floor):.2f}" if h and m else ""
+                return f"{h['time_us'] / (m['time_us'] + floor_us(rows, world, op, n)):.2f}" if h and m else ""
 
             print(f"| {op} | hoccl | {cells(time_of('hoccl'))} |")
             for b in peers:

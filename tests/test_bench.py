@@ -49,7 +49,7 @@ def test_bench_vs_mpi_puts_open_mpi_and_torch_floor_beside_hoccl(tmp_path):
     assert [t.split()[0] for t in tables] == OPS
     for table in tables:
         head, *lines = table.strip().splitlines()
-        assert "torch floor" in head and "world=2" in head
+        assert "torch floor per cell" in head and "world=2" in head
         assert [c.split()[0] for c in lines[0].split("|")] == ["bytes", "hoccl", "gloo", "mpi", "mpi+floor",
                                                                "busbw", "hoccl", "hoccl"]
         assert [int(line.split("|")[0]) for line in lines[1:]] == [4096, 65536]
@@ -58,8 +58,11 @@ def test_bench_vs_mpi_puts_open_mpi_and_torch_floor_beside_hoccl(tmp_path):
     result = json.loads(out.read_text())
     assert result["peers"] == ["mpi", "gloo"]
     rows = result["rows"]
-    floor = [r for r in rows if r["backend"] == bench_mpi.FLOOR]
-    assert len(floor) == 1 and floor[0]["floor_for"] == 2 and floor[0]["bytes"] == 8 and floor[0]["time_us"] > 0
+    # torch's floor: one row per cell, measured in turn with that cell's backends.
+    floor = {tuple(r["floor_for"][1:]): r for r in rows if r["backend"] == bench_mpi.FLOOR}
+    assert set(floor) == {(op, n) for op in OPS for n in (4096, 65536)}
+    for r in floor.values():
+        assert r["floor_for"][0] == 2 and r["bytes"] == 8 and r["rounds"] == 2 and r["time_us"] > 0
     timed = [r for r in rows if r["backend"] != bench_mpi.FLOOR]
     assert {(r["backend"], r["op"], r["bytes"]) for r in timed} == {
         (b, op, n) for b in ("hoccl", "gloo", "mpi") for op in OPS for n in (4096, 65536)}
@@ -68,14 +71,15 @@ def test_bench_vs_mpi_puts_open_mpi_and_torch_floor_beside_hoccl(tmp_path):
         assert 0 < r["time_us"] <= r["median_us"]
         assert abs(r["busbw_GBps"] - r["bytes"] / (r["time_us"] * 1e-6) / 1e9 * bus_factor(r["op"], 2)) <= 1e-9 * max(
             1.0, r["busbw_GBps"])
-    # The table's target column is MPI's time plus the floor of the same run.
+    # The table's target column is MPI's time plus the floor measured in the same cell.
     mpi = {(r["op"], r["bytes"]): r["time_us"] for r in timed if r["backend"] == "mpi"}
     hoccl = {(r["op"], r["bytes"]): r["time_us"] for r in timed if r["backend"] == "hoccl"}
     for table in tables:
         op = table.split()[0]
         for line in table.strip().splitlines()[2:]:
             cells = line.split("|")
-            assert abs(float(cells[4]) - (mpi[(op, int(cells[0]))] + floor[0]["time_us"])) < 0.11
+            cell = (op, int(cells[0]))
+            assert abs(float(cells[4]) - (mpi[cell] + floor[cell]["time_us"])) < 0.11
     # The markdown form (--markdown) of the same rows: per op, hoccl, MPI and gloo rows and the ratio.
     text = io.StringIO()
     with contextlib.redirect_stdout(text):
@@ -86,4 +90,4 @@ def test_bench_vs_mpi_puts_open_mpi_and_torch_floor_beside_hoccl(tmp_path):
         i = next(k for k, line in enumerate(lines) if line.startswith(f"| {op} | hoccl |"))
         assert [line.split("|")[2].strip() for line in lines[i:i + 4]] == ["hoccl", "MPI", "gloo", "hoccl ÷ (MPI + floor)"]
         ratio = float(lines[i + 3].split("|")[3])
-        assert abs(ratio - hoccl[(op, 4096)] / (mpi[(op, 4096)] + floor[0]["time_us"])) < 0.006
+        assert abs(ratio - hoccl[(op, 4096)] / (mpi[(op, 4096)] + floor[(op, 4096)]["time_us"])) < 0.006
