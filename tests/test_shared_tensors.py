@@ -199,3 +199,25 @@ def test_large_all_reduce_reads_mapped_only_when_every_rank_shares(who_shares):
         for algo, mapped in per_rank:
             assert (algo == "all_reduce/direct-read") == every, (who_shares, algo)
             assert mapped == every, (who_shares, per_rank)
+
+
+def check_all_to_all_threshold(rank, world):
+    read = []
+    for n in (4096, 8192):  # float32, per rank: 16 KiB and 32 KiB, blocks of 8 and 16 KiB
+        x = _shared_like(torch.arange(n, dtype=torch.float32) + 100_000 * rank)
+        y = torch.empty(n)
+        before = _mapped_bytes()
+        dist.all_to_all_single(y, x)
+        read.append(_mapped_bytes() - before)
+        half = n // 2
+        expected = torch.cat([torch.arange(half * rank, half * (rank + 1), dtype=torch.float32) + 100_000 * r
+                              for r in range(world)])
+        assert torch.equal(y, expected), f"n={n}"
+    return read
+
+
+def test_all_to_all_reads_peers_directly_from_16k_blocks():
+    # HOCCL_ALLTOALL_CMA_MIN_BYTES auto: world x 16 KiB. The direct-read plan maps the peer's
+    # shared input and reads its block (16 KiB); the staged plan below copies through slots.
+    for read in run_ranks(check_all_to_all_threshold, 2):
+        assert read == [0, 16384], read

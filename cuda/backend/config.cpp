@@ -30,6 +30,10 @@ HocclConfig HocclConfig::fromEnv(int world) {
   c.stagedRoundBytes = config::bytes("HOCCL_STAGED_ROUND_BYTES", 0, 4096);
   c.allReduceCrossMemoryMinBytes = config::bytes(
       "HOCCL_ALLREDUCE_CMA_MIN_BYTES", config::isSet("HOCCL_CMA_MIN_BYTES") ? c.crossMemoryMinBytes : 2 << 20);
+  // all_to_all pays process_vm_readv's fixed cost once per peer block: direct reads win once
+  // each block is 16 KiB (measured at worlds 2 and 4, docs/mpi_comparison.md).
+  c.allToAllCrossMemoryMinBytes = config::bytes(
+      "HOCCL_ALLTOALL_CMA_MIN_BYTES", config::isSet("HOCCL_CMA_MIN_BYTES") ? c.crossMemoryMinBytes : (16LL << 10) * world);
   std::string cma = config::text("HOCCL_SHM_CMA");
   c.shm.crossMemory = cma == "auto" ? -1 : (cma == "1" || cma == "on") ? 1 : 0;
   // Spinning pays only while every rank has a core: an oversubscribed peer needs ours to run.

@@ -82,8 +82,9 @@ void ProcessGroupHOCCL::validateSplits(const Collective& c, uint32_t parity) con
 }
 
 int64_t ProcessGroupHOCCL::crossMemoryMinBytes(OpKind kind) const {
-  return kind == OpKind::AllReduce ? std::max(config_.crossMemoryMinBytes, config_.allReduceCrossMemoryMinBytes)
-                                   : config_.crossMemoryMinBytes;
+  if (kind == OpKind::AllReduce) return std::max(config_.crossMemoryMinBytes, config_.allReduceCrossMemoryMinBytes);
+  if (kind == OpKind::AllToAll) return config_.allToAllCrossMemoryMinBytes;
+  return config_.crossMemoryMinBytes;
 }
 
 // Measured at worlds 2 and 4 (docs/mpi_comparison.md): all_reduce from 512 KiB to 2 MiB runs

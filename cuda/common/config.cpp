@@ -35,6 +35,9 @@ const std::vector<Variable> kTable = {
     {"HOCCL_ALLREDUCE_CMA_MIN_BYTES", K::Bytes, R::Core, "auto", "",
      "all_reduce reads peers directly from this size up (and from HOCCL_CMA_MIN_BYTES); below, it stages; "
      "auto: 2M, or HOCCL_CMA_MIN_BYTES when that is set"},
+    {"HOCCL_ALLTOALL_CMA_MIN_BYTES", K::Bytes, R::Core, "auto", "",
+     "all_to_all reads peers directly from this per-rank input size up; below, it stages; auto: 16K per "
+     "peer block (world x 16K), or HOCCL_CMA_MIN_BYTES when that is set"},
     {"HOCCL_ALLREDUCE_CMA_MAX_BYTES", K::Bytes, R::Core, "auto", "",
      "all_reduce reads peers directly only while tensor bytes x world is below this; auto: 256M, or 64M when "
      "HOCCL_HUGEPAGE_MIN_BYTES=0"},
