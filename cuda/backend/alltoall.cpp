@@ -156,8 +156,7 @@ int64_t evenBlockBytes(const std::vector<int64_t>& send, const std::vector<int64
 // with the plan of the real matrix, exactly as the uneven ranks do after their exchange barrier.
 void ProcessGroupHOCCL::runAllToAll(Collective& c) {
   uint32_t parity = executor_->nextBarrier() & 1;
-  std::copy(c.sendBytes.begin(), c.sendBytes.end(), group_->splits(rank_, parity));
-  std::copy(c.recvBytes.begin(), c.recvBytes.end(), group_->splits(rank_, parity) + size_);
+  group_->publishSplits(parity, c.sendBytes, c.recvBytes);
   const int64_t block = evenBlockBytes(c.sendBytes, c.recvBytes);
   const size_t cells = static_cast<size_t>(size_) * size_;
   if (block >= 0) {

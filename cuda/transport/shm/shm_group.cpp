@@ -240,6 +240,22 @@ void ShmGroup::checkAlive(int r, const std::string& what) const {
 
 namespace hoccl {
 
+namespace {
+// Peers read the published tables after every barrier, so their cores hold those lines; a store
+// takes a line back from them (a cross-core miss per line, every op). Reused buffers publish the
+// same values op after op: store only what changed.
+template <typename T>
+void storeIfChanged(T& slot, const T& value) {
+  if (std::memcmp(&slot, &value, sizeof(T)) != 0) slot = value;
+}
+}  // namespace
+
+void ShmGroup::publishSplits(uint32_t parity, const std::vector<int64_t>& send, const std::vector<int64_t>& recv) {
+  int64_t* table = splits(rank_, static_cast<int>(parity));
+  for (size_t i = 0; i < send.size(); ++i) storeIfChanged(table[i], send[i]);
+  for (size_t i = 0; i < recv.size(); ++i) storeIfChanged(table[world_ + i], recv[i]);
+}
+
 void ShmGroup::publishBlocks(uint32_t parity, const std::vector<char*>& in, const std::vector<char*>& out) {
   uint64_t* table = blockAddresses(rank_, parity);
   SharedRegionRef* regions = blockRegions(rank_, parity);
@@ -247,12 +263,12 @@ void ShmGroup::publishBlocks(uint32_t parity, const std::vector<char*>& in, cons
   // A block's region is looked up from its first byte: a peer checks that what it reads lies
   // inside the region and otherwise falls back to cross-memory reads.
   for (size_t i = 0; i < in.size() && i < w; ++i) {
-    table[i] = reinterpret_cast<uint64_t>(in[i]);
-    regions[i] = findSharedRegion(in[i], 1);
+    storeIfChanged(table[i], reinterpret_cast<uint64_t>(in[i]));
+    storeIfChanged(regions[i], findSharedRegion(in[i], 1));
   }
   for (size_t i = 0; i < out.size() && i < w; ++i) {
-    table[w + i] = reinterpret_cast<uint64_t>(out[i]);
-    regions[w + i] = findSharedRegion(out[i], 1);
+    storeIfChanged(table[w + i], reinterpret_cast<uint64_t>(out[i]));
+    storeIfChanged(regions[w + i], findSharedRegion(out[i], 1));
   }
 }
 

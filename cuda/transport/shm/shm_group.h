@@ -81,6 +81,8 @@ class ShmGroup : public Transport {
   void endOp() override { peerMaps_.endOp(); }
   RankControl& control(int r) const;
   int64_t* splits(int r, int parity) const;  // 2*world entries: send bytes then recv bytes
+  // This rank's entries of splits(rank, parity), for an op whose first barrier has that parity.
+  void publishSplits(uint32_t parity, const std::vector<int64_t>& send, const std::vector<int64_t>& recv);
   // 2*world entries: addresses (in rank r's own address space) of its input blocks, then output
   // blocks, for the op whose first barrier had this parity. Read with cross-memory copies.
   uint64_t* blockAddresses(int r, int parity) const;
