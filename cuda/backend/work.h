@@ -5,6 +5,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <vector>
 
@@ -13,7 +14,7 @@ namespace hoccl {
 class WorkHOCCL : public c10d::Work {
  public:
   WorkHOCCL(int rank, c10d::OpType type, std::vector<at::Tensor> outputs);
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   std::vector<at::Tensor> result() override { return outputs_; }
   int sourceRank() const override { return sourceRank_; }
   // CUDA ops: wait() blocks the host only until the op is enqueued on the comm stream, then
@@ -26,8 +27,15 @@ class WorkHOCCL : public c10d::Work {
   void setEndEvent(std::shared_ptr<c10::Event> end) { endEvent_ = std::move(end); }
 
  private:
+  void settle(const c10::intrusive_ptr<c10::ivalue::Future>& future);
+
   std::vector<at::Tensor> outputs_;
+  // CPU ops make their future on first use: most callers never ask for it, and one costs a type,
+  // a list and a mutex per op. CUDA ops make it up front, to complete it on the comm stream.
+  std::mutex futureMutex_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+  bool done_ = false;
+  std::exception_ptr error_;
   int sourceRank_ = -1;
   std::optional<c10::Stream> commStream_;
   std::shared_ptr<c10::Event> endEvent_;
