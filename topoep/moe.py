@@ -21,8 +21,10 @@ into the owner's parameters).
 """
 from __future__ import annotations
 
+import copy
 import math
 import warnings
+import weakref
 from typing import Callable
 
 import torch
@@ -30,6 +32,8 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .adapters import PROTOCOL_HINT, describe
+from .parallel import check_data_parallel_use
 from .planner import TopoEPPlan, TopoEPPlanner, default_placement
 from .policy import ReplacementPolicy
 from .rebalance import ReplacementMixin
@@ -93,6 +97,10 @@ def stacked_ffn(x, p):
 
 
 # --------------------------------------------------------------------------- collectives
+
+# torch 2.13 names it all_gather_single and deprecates all_gather_into_tensor; torch 2.11 (the
+# GPU machines) has only the latter
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 class _A2A(torch.autograd.Function):
@@ -214,7 +222,8 @@ class TopoEPMoE(ReplacementMixin, nn.Module):
                  budget_bytes: int | None = None, mode: str = "exact", capacity: int | None = None,
                  placement: torch.Tensor | None = None, balance: bool = True,
                  min_piece: int = 1, replacement: ReplacementPolicy | None = None,
-                 optimizer: torch.optim.Optimizer | None = None):
+                 optimizer: torch.optim.Optimizer | None = None,
+                 adapter: Callable | None = None):
         super().__init__()
         if not dist.is_initialized():
             raise RuntimeError("topoep: TopoEPMoE needs an initialized torch.distributed group")
@@ -228,12 +237,14 @@ class TopoEPMoE(ReplacementMixin, nn.Module):
         if self.world % hosts:
             raise ValueError(f"topoep: world size {self.world} is not divisible by hosts={hosts}")
         self.hosts, self.gpus_per_host = hosts, self.world // hosts
-        if not hasattr(moe, "router"):
-            raise TypeError("topoep: the MoE module needs a `router` (Linear to E logits)")
-        self.num_experts = E = moe.router.out_features
-        self.top_k = int(getattr(moe, "top_k"))
-        self.router = moe.router
-        self._route: Callable | None = getattr(moe, "route", None)
+        spec = describe(moe) if adapter is None else adapter(moe)
+        self.kind = spec.kind
+        self.num_experts = E = spec.num_experts
+        self.top_k = spec.top_k
+        if spec.router is not None:
+            self.router = spec.router
+        self._route: Callable | None = spec.route
+        self._install, self._export_prefix = spec.install, spec.export_prefix
         m = self.experts_per_rank = E // self.world
         if placement is None:
             default_placement(E, self.world)  # raises if not divisible
@@ -248,31 +259,30 @@ class TopoEPMoE(ReplacementMixin, nn.Module):
         self.register_buffer("_home_gpu", torch.arange(E) // m, persistent=False)  # row -> rank
         owned = logical_at[self.rank * m:(self.rank + 1) * m].tolist()
         # ---- experts: a flat view [E_loc, P] built from this rank's parameters
-        if all(hasattr(moe, n) for n in ("w1", "b1", "w2", "b2")):
+        if spec.stacked:
             oi = torch.tensor(owned)
-            self.w1 = nn.Parameter(moe.w1.detach()[oi].clone())
-            self.b1 = nn.Parameter(moe.b1.detach()[oi].clone())
-            self.w2 = nn.Parameter(moe.w2.detach()[oi].clone())
-            self.b2 = nn.Parameter(moe.b2.detach()[oi].clone())
-            self._names = ["w1", "b1", "w2", "b2"]
+            for n, t in spec.stacked.items():
+                if hasattr(self, n):
+                    raise TypeError(f"topoep: the experts' tensor name {n!r} clashes with an "
+                                    "attribute of TopoEPMoE; " + PROTOCOL_HINT)
+                setattr(self, n, nn.Parameter(t.detach()[oi].clone(),
+                                              requires_grad=t.requires_grad))
+            self._names = list(spec.stacked)
             self._shapes = [tuple(getattr(self, n).shape[1:]) for n in self._names]
-            self._fn = stacked_ffn
+            self._fn = spec.fn
             self.experts = None
-        elif hasattr(moe, "experts") and isinstance(moe.experts, nn.ModuleList):
-            self.experts = nn.ModuleList(moe.experts[e] for e in owned)
-            template = moe.experts[0]
+        else:
+            self.experts = nn.ModuleList(spec.modules[e] for e in owned)
+            template = spec.modules[0]
             self._names = [n for n, _ in template.named_parameters()]
             self._shapes = [tuple(p.shape) for _, p in template.named_parameters()]
-            import copy
             tmpl = copy.deepcopy(template).to("meta")
             self._fn = lambda x, p: torch.func.functional_call(tmpl, p, (x,))
-        else:
-            raise TypeError("topoep: experts must be stacked weights (w1, b1, w2, b2) or a "
-                            "ModuleList `experts`")
         self._numel = [math.prod(s) for s in self._shapes]
         self.expert_numel = sum(self._numel)
-        p0 = next(iter(moe.parameters()))
-        self.expert_bytes = self.expert_numel * p0.element_size()
+        first = (getattr(self, self._names[0]) if self.experts is None
+                 else next(self.experts.parameters()))
+        self.expert_bytes = self.expert_numel * first.element_size()
         if slots_per_gpu is None:
             if budget_bytes is None:
                 slots_per_gpu = 2
@@ -286,11 +296,9 @@ class TopoEPMoE(ReplacementMixin, nn.Module):
         self.planner = TopoEPPlanner(E, self.hosts, self.gpus_per_host, slots_per_gpu,
                                      min_piece=min_piece) if balance else None
         self.mode, self.capacity = mode, capacity
-        rows = torch.arange(E)
-        self.register_buffer("local_index", torch.where(rows // m == self.rank, rows % m, -1),
-                             persistent=False)  # row -> local row (-1: another rank's)
         self.last_stats: dict = {}
         self.last_plan: TopoEPPlan | None = None
+        self._owner = None
         self._init_replacement(replacement, optimizer)
 
     # ------------------------------------------------------------------ pieces
@@ -308,9 +316,21 @@ class TopoEPMoE(ReplacementMixin, nn.Module):
             o += k
         return out
 
+    @property
+    def local_index(self) -> torch.Tensor:
+        """Row -> this rank's local row (-1: another rank's). Derived, never a buffer: it
+        differs between ranks, and DDP broadcasts rank 0's buffers to every rank."""
+        m = self.experts_per_rank
+        rows = torch.arange(self.num_experts, device=self._home_gpu.device)
+        return torch.where(self._home_gpu == self.rank, rows % m, -1)
+
     def route(self, x):
         if self._route is not None:
             return self._route(x)
+        if getattr(self, "router", None) is None:
+            raise TypeError(f"topoep: rank {self.rank}: this TopoEPMoE wraps {self.kind}, "
+                            "which routes in its own forward: call it as "
+                            "(hidden_states, top_k_index, top_k_weights)")
         probs = torch.softmax(self.router(x).float(), dim=-1)
         w, idx = torch.topk(probs, self.top_k, dim=-1)
         return idx, w.to(x.dtype)
@@ -320,18 +340,47 @@ class TopoEPMoE(ReplacementMixin, nn.Module):
             return self.planner(counts)
         return home_plan(counts, self._home_gpu, self.hosts, self.gpus_per_host)
 
+    # ------------------------------------------------------------------ checkpoints
+    def gather_experts(self) -> dict:
+        """Every expert's weights in the user's expert order, gathered from all ranks (a
+        collective: every rank of the group calls it): stacked name -> [E, ...], or for
+        ModuleList experts ``"{e}.{param}"`` -> tensor. Replica slots play no part."""
+        with torch.no_grad():
+            flat = self._owned_flat().detach().contiguous()
+            rows = flat.new_empty((self.world * flat.shape[0], flat.shape[1]))
+            all_gather_single(rows, flat, group=self.group)
+            full = rows.index_select(0, self.phys_of.to(rows.device))  # [E, P] user order
+        out, o = {}, 0
+        for n, s, k in zip(self._names, self._shapes, self._numel):
+            part = full[:, o:o + k]
+            o += k
+            if self.experts is None:
+                out[n] = part.reshape((self.num_experts,) + s).clone()
+            else:
+                out.update({f"{e}.{n}": part[e].reshape(s).clone()
+                            for e in range(self.num_experts)})
+        return out
+
     # ------------------------------------------------------------------ forward
-    def forward(self, x):
+    def forward(self, x, top_k_index=None, top_k_weights=None):
+        """``x`` [..., d]; routing from the layer's own router, or as given (``top_k_index``
+        and ``top_k_weights`` [n, k], the call transformers 5's blocks make to experts)."""
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         dev, E, R, me = x.device, self.num_experts, self.world, self.rank
-        idx, gate = self.route(x)
+        check_data_parallel_use(self)
+        local_index = self.local_index
+        if top_k_index is None:
+            idx, gate = self.route(x)
+        else:
+            idx, gate = top_k_index.reshape(x.shape[0], -1), top_k_weights.reshape(
+                x.shape[0], -1)
         n, k = idx.shape
         e_a = self.phys_of.index_select(0, idx.reshape(-1))  # the user's ids -> home rows
         local_counts = torch.zeros(E, dtype=torch.long, device=dev).scatter_add_(
             0, e_a, torch.ones_like(e_a))
         counts = torch.empty(R * E, dtype=torch.long, device=dev)
-        dist.all_gather_into_tensor(counts, local_counts, group=self.group)
+        all_gather_single(counts, local_counts, group=self.group)
         counts = counts.view(R, E)
         plan = self.make_plan(counts)
         self.last_plan = plan
@@ -346,7 +395,7 @@ class TopoEPMoE(ReplacementMixin, nn.Module):
         if self.balance:
             owner = torch.where(slot_e >= 0, self._home_gpu[slot_e.clamp(min=0)], -1)
             mine = owner == me
-            loc = self.local_index[slot_e.clamp(min=0)]
+            loc = local_index[slot_e.clamp(min=0)]
             send_idx = torch.where(mine, loc, e_loc)
             owned_pad = torch.cat([owned, owned.new_zeros((1, owned.shape[1]))])
             if self.mode == "padded":  # even splits, no host sync
@@ -354,7 +403,7 @@ class TopoEPMoE(ReplacementMixin, nn.Module):
                                             self.group)
                 weights = torch.cat([owned, replicas])  # [E_loc + S, P]
         # weight row used here for expert e (home row, else first slot holding it, else -1)
-        widx = self.local_index.clone()
+        widx = local_index.clone()
         if self.balance:
             for s in reversed(range(S)):
                 es = slot_e[me, s]
@@ -446,7 +495,9 @@ class TopoEPMoE(ReplacementMixin, nn.Module):
             back = back_all.index_select(0, slot)
         # ---- combine at the source with the gate weights
         g_a = gate.reshape(-1)[order]
-        out = torch.zeros_like(x).index_add(0, tok_a[order], back * g_a[:, None])
+        # the gate multiplies in the promoted dtype, then rounds to x's, as the models do
+        out = torch.zeros_like(x).index_add(0, tok_a[order],
+                                            (back * g_a[:, None]).to(x.dtype))
         self.last_stats = {
             "imbalance": plan.imbalance(),
             "home_imbalance": _imb(plan.home_load),
@@ -464,13 +515,42 @@ def _imb(load):
     return load.max() / load.mean().clamp(min=1e-30)
 
 
-def attach(moe: nn.Module, group=None, **kwargs) -> TopoEPMoE:
-    """Hook TopoEP into an existing MoE module in place: its forward now runs the
-    expert-parallel TopoEP path. Returns the wrapper (registered as ``moe.topoep``; its
-    parameters - the router and this rank's experts - become part of ``moe.parameters()``).
-    With stacked expert weights, the original full tensors stay in the module but receive
-    no gradients; train ``moe.topoep``'s copies (or pass them to the optimizer)."""
-    wrapper = TopoEPMoE(moe, group=group, **kwargs)
-    moe.topoep = wrapper
-    moe.forward = wrapper.forward
+def attach(module: nn.Module, group=None, **kwargs):
+    """Hook TopoEP into MoE layers in place; returns the wrapper (``module`` is one layer) or
+    the list of wrappers (``module`` holds MoE layers, e.g. a whole transformers model).
+
+    How each layer is hooked depends on its kind (``topoep.adapters``): a layer that routes in
+    its own forward (transformers 5's MoE blocks) gets its ``experts`` replaced by the wrapper,
+    so its routing, shared experts and jitter stay its own; a router layer (``SimpleMoE``)
+    has its forward replaced and its full expert tensors dropped (the wrapper, registered as
+    ``layer.topoep``, holds this rank's rows). Keyword arguments go to ``TopoEPMoE``."""
+    if isinstance(module, TopoEPMoE) or isinstance(getattr(module, "topoep", None), TopoEPMoE) \
+            or isinstance(getattr(module, "experts", None), TopoEPMoE):
+        raise ValueError(f"topoep: {type(module).__name__} already runs TopoEP")
+    from .adapters import is_moe_layer
+    if is_moe_layer(module):
+        return _attach_one(module, group, kwargs)
+    layers = moe_layers(module)
+    if not layers:
+        describe(module)  # raises, naming what each adapter looked for
+    return [_attach_one(layer, group, kwargs) for layer in layers]
+
+
+def _attach_one(layer, group, kwargs):
+    wrapper = TopoEPMoE(layer, group=group, **kwargs)
+    wrapper._install(layer, wrapper)
+    wrapper._owner = weakref.ref(layer)  # its dense parameters tell FSDP2 use (parallel.py)
     return wrapper
+
+
+def moe_layers(model: nn.Module) -> list:
+    """The outermost MoE layers TopoEP recognises inside ``model``, in module order."""
+    from .adapters import is_moe_layer
+    found, inside = [], []
+    for name, mod in model.named_modules():
+        if any(name.startswith(p + ".") for p in inside) or isinstance(mod, TopoEPMoE):
+            continue
+        if is_moe_layer(mod):
+            found.append(mod)
+            inside.append(name)
+    return found
