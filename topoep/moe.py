@@ -24,7 +24,6 @@ from __future__ import annotations
 import copy
 import math
 import warnings
-import weakref
 from typing import Callable
 
 import torch
@@ -298,7 +297,8 @@ class TopoEPMoE(ReplacementMixin, nn.Module):
         self.mode, self.capacity = mode, capacity
         self.last_stats: dict = {}
         self.last_plan: TopoEPPlan | None = None
-        self._owner = None
+        # fully_shard replaces parameters it shards: the ones we made tell them apart
+        self._expert_ids = frozenset(id(p) for _, p in self.expert_named_parameters())
         self._init_replacement(replacement, optimizer)
 
     # ------------------------------------------------------------------ pieces
@@ -539,7 +539,6 @@ def attach(module: nn.Module, group=None, **kwargs):
 def _attach_one(layer, group, kwargs):
     wrapper = TopoEPMoE(layer, group=group, **kwargs)
     wrapper._install(layer, wrapper)
-    wrapper._owner = weakref.ref(layer)  # its dense parameters tell FSDP2 use (parallel.py)
     return wrapper
 
 

@@ -94,15 +94,16 @@ def check_data_parallel_use(layer) -> None:
     where = f"topoep: rank {layer.rank}: TopoEP layer ({layer.kind})"
     fix = "call topoep.prepare(model) before wrapping the model"
     params = [p for _, p in layer.expert_named_parameters()]
-    if any(_is_dtensor(p) for p in params):
-        raise RuntimeError(f"{where}: fully_shard sharded its expert parameters, which differ "
-                           "between ranks; pass ignored_params=topoep.prepare(model) to "
-                           "fully_shard")
     ready = getattr(layer, "_data_parallel_ready", False)
-    if not ready and any(_is_dtensor(p) for p in _dense_neighbours(layer)):
-        raise RuntimeError(f"{where} runs inside an FSDP2 model, whose gradients are averaged "
-                           f"over ranks while its experts' are summed; {fix} and pass "
-                           "ignored_params=topoep.prepare(model) to fully_shard")
+    if getattr(layer, "_is_fsdp_managed_module", False):  # set by fully_shard on its modules
+        if {id(p) for p in params} != layer._expert_ids:
+            raise RuntimeError(f"{where}: fully_shard sharded its expert parameters, which "
+                               "differ between ranks; pass ignored_params=topoep.prepare(model) "
+                               "to fully_shard")
+        if not ready:
+            raise RuntimeError(f"{where} runs inside an FSDP2 model, whose gradients are "
+                               f"averaged over ranks while its experts' are summed; {fix} and "
+                               "pass ignored_params=topoep.prepare(model) to fully_shard")
     ddp = _enclosing_ddp()
     if ddp is None:
         return
@@ -114,19 +115,6 @@ def check_data_parallel_use(layer) -> None:
     if not ready:
         raise RuntimeError(f"{where}: DDP ignores its experts but their gradients are not "
                            f"scaled as DDP's averaged ones; {fix}")
-
-
-def _is_dtensor(t) -> bool:
-    return type(t).__name__ == "DTensor" or type(getattr(t, "data", None)).__name__ == "DTensor"
-
-
-def _dense_neighbours(layer) -> list:
-    owner = layer._owner() if getattr(layer, "_owner", None) is not None else None
-    mods = [owner] if owner is not None else []
-    if getattr(layer, "router", None) is not None:
-        mods.append(layer.router)
-    mine = {id(p) for _, p in layer.expert_named_parameters()}
-    return [p for m in mods for p in m.parameters() if id(p) not in mine]
 
 
 def _enclosing_ddp():
