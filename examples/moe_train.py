@@ -4,6 +4,7 @@
     torchrun --nproc_per_node=4 examples/moe_train.py --no-topoep     # hoccl, no balancing
     torchrun --nproc_per_node=4 examples/moe_train.py --backend gloo  # same on gloo
     torchrun --nproc_per_node=4 examples/moe_train.py --hot-experts 4 --replace-every 4
+    torchrun --nproc_per_node=2 examples/moe_train.py --hf qwen3_moe   # a transformers model
         # skew on the experts of half the ranks: the slow path moves home experts every 4
         # steps (Adam's state moves with them), on top of the per-step replicas
 
@@ -15,6 +16,11 @@ after TopoEP's rerouting, and what it would be without), and the step time. With
 ``--replace-every K`` or ``--replace-threshold T`` the layer also re-places home experts
 between steps (after ``opt.step()``, through the optimizer it is bound to) and prints each
 re-placement.
+
+``--hf FAMILY`` (mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v3) trains a tiny transformers
+causal LM of that family instead (built from a config, random weights): ``topoep.attach`` on
+the whole model, ``topoep.prepare`` and DDP, next-token loss on random tokens whose router
+rows are biased towards a few hot experts; imbalance is the mean over its MoE layers.
 """
 from __future__ import annotations
 
@@ -73,7 +79,12 @@ def main():
     ap.add_argument("--replace-window", type=int, default=4, metavar="W")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--hf", default=None, metavar="FAMILY",
+                    help="train a tiny transformers MoE LM of this family (e.g. qwen3_moe)")
+    ap.add_argument("--seq", type=int, default=64, help="with --hf: tokens per sequence")
     args = ap.parse_args()
+    if args.hf:
+        return train_hf(args)
 
     torch.set_num_threads(args.threads)
     if args.backend == "hoccl":
@@ -147,6 +158,64 @@ def main():
     if rank == 0:
         warm = times[2:] or times
         print(f"summary: topoep={'on' if args.topoep else 'off'} mean imbalance "
+              f"{statistics.mean(imbs):.3f} (without balancing {statistics.mean(homes):.3f}), "
+              f"median step {statistics.median(warm):.1f} ms", flush=True)
+    dist.destroy_process_group()
+
+
+def train_hf(args):
+    """The same loop on a transformers MoE causal LM (see the module docstring)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from hf_moe_models import causal_lm
+    torch.set_num_threads(args.threads)
+    if args.backend == "hoccl":
+        import hoccl_backend  # noqa: F401
+    dist.init_process_group(args.backend, timeout=timedelta(seconds=120))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = causal_lm(args.hf, experts=args.experts, top_k=args.top_k, hidden=args.d_model,
+                      ffn=args.d_ff // 4)
+    layers = topoep.attach(model, hosts=args.hosts, slots_per_gpu=args.slots, mode=args.mode,
+                           capacity=2 * args.tokens * args.top_k // world,
+                           balance=args.topoep)
+    with torch.no_grad():  # hot experts: their router rows lean towards every hidden state
+        for name, p in model.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                p[:args.hot_experts or max(1, args.experts // 8)] += args.skew / args.d_model
+    topoep.prepare(model)
+    ddp = DDP(model)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
+    gen = torch.Generator().manual_seed(1000 + rank)
+    batch = max(1, args.tokens // args.seq)
+    if rank == 0:
+        print(f"backend={args.backend} world={world} model={args.hf} moe_layers={len(layers)} "
+              f"experts={args.experts} top_k={args.top_k} tokens/rank={batch * args.seq} "
+              f"topoep={'on' if args.topoep else 'off'} mode={args.mode}", flush=True)
+    times, imbs, homes = [], [], []
+    for step in range(args.steps):
+        ids = torch.randint(0, model.config.vocab_size, (batch, args.seq), generator=gen)
+        dist.barrier()
+        t0 = time.perf_counter()
+        loss = ddp(input_ids=ids, labels=ids).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        dist.barrier()
+        dt = (time.perf_counter() - t0) * 1e3
+        imb = statistics.mean(float(w.last_stats["imbalance"]) for w in layers)
+        home = statistics.mean(float(w.last_stats["home_imbalance"]) for w in layers)
+        lv = loss.detach().clone()
+        dist.all_reduce(lv)
+        if rank == 0:
+            times.append(dt)
+            imbs.append(imb)
+            homes.append(home)
+            print(f"step {step:3d} loss {float(lv) / world:.4f} imbalance {imb:.3f} "
+                  f"(none: {home:.3f}) step {dt:.1f} ms", flush=True)
+    if rank == 0:
+        warm = times[2:] or times
+        print(f"summary: model={args.hf} topoep={'on' if args.topoep else 'off'} mean imbalance "
               f"{statistics.mean(imbs):.3f} (without balancing {statistics.mean(homes):.3f}), "
               f"median step {statistics.median(warm):.1f} ms", flush=True)
     dist.destroy_process_group()
