@@ -12,6 +12,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from hoccl_backend.compat import all_gather_single, reduce_scatter_single
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
@@ -43,9 +45,9 @@ def main() -> None:
                 if op == "all_reduce":
                     dist.all_reduce(x)
                 elif op == "all_gather":
-                    dist.all_gather_into_tensor(out, x[: n // world])
+                    all_gather_single(out, x[: n // world])
                 elif op == "reduce_scatter":
-                    dist.reduce_scatter_tensor(out, x)
+                    reduce_scatter_single(out, x)
                 else:
                     dist.all_to_all_single(out, x)
 

@@ -22,6 +22,8 @@ import statistics
 import sys
 from datetime import timedelta
 
+from hoccl_backend.compat import all_gather_single
+
 UNROUTED = "moves CPU tensors only"
 
 
@@ -70,7 +72,7 @@ class _Comm:
         import torch.distributed as dist
 
         if self.op == "all_gather":
-            dist.all_gather_into_tensor(self.out, self.inp)
+            all_gather_single(self.out, self.inp)
         elif self.op == "all_to_all":
             dist.all_to_all_single(self.out, self.inp)
         else:
