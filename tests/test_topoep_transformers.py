@@ -131,6 +131,33 @@ def test_transformers_blocks_match_the_stock_block(world):
                 assert err <= tol, (where, key, err)
 
 
+def router_layer_memory_job(rank, world):
+    """TopoEP's own router layer: the wrapper keeps neither the layer nor its full experts."""
+    import topoep
+    out = {}
+    for how in ("wrap", "attach"):
+        moe = topoep.SimpleMoE(8, 16, 4 * world, 2)
+        full, layer = weakref.ref(moe.w1), weakref.ref(moe)
+        if how == "wrap":
+            wrapper = topoep.TopoEPMoE(moe)
+            del moe
+        else:
+            wrapper = topoep.attach(moe)
+            moe(torch.randn(5, 8))  # still callable in place
+            layer = lambda: None  # noqa: E731  (attach keeps the layer: it is the user's)
+        gc.collect()
+        out[how] = (full() is None, layer() is None, tuple(wrapper.w1.shape))
+    return out
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_router_layers_hold_only_this_ranks_experts(world):
+    for res in run_ranks(router_layer_memory_job, world):
+        for how, (full_freed, layer_freed, shape) in res.items():
+            assert full_freed and layer_freed, how
+            assert shape == (4, 8, 16), how  # 4 * world experts, 4 per rank
+
+
 def unknown_layer_job(rank, world):
     import topoep
     errors = []

@@ -171,10 +171,12 @@ def router_layer_spec(layer: nn.Module) -> ExpertsSpec | None:
     spec.route = _router_layer_route(layer, tuple(spec.stacked))
     spec.export_prefix = "experts." if spec.modules is not None else ""
 
+    names, listed = tuple(spec.stacked), spec.modules is not None  # (not the tensors)
+
     def install(target, wrapper):
-        for n in spec.stacked:  # the full tensors go: the wrapper holds this rank's rows
+        for n in names:  # the full tensors go: the wrapper holds this rank's rows
             delattr(target, n)
-        if spec.modules is not None:
+        if listed:
             del target.experts
         target.topoep = wrapper
         target.forward = wrapper.forward
