@@ -133,3 +133,136 @@ def test_plans_on_a_sub_topology_deliver_the_demand(preset, hosts, ranks):
     np.fill_diagonal(demand, 0)
     phases = varipath.schedule(demand, sub)
     assert (varipath.coverage(phases, len(ranks)) == demand).all()
+
+
+# ------------------------------------------------------------------ real ranks
+GROUPS = [[0, 1], [2, 3], [1, 3], [3, 0], [0, 1, 3]]  # [3, 0] keeps that order (sort_ranks=False)
+PLANNED_GROUP = [0, 1, 3]  # three ranks, two across the socket link: plans of several phases
+ALLTOALL_BYTES = 4 << 20
+
+
+def split_matrix(members, case):
+    """Uneven rows per (source, destination) in group rank order, one pair empty."""
+    k = len(members)
+    m = torch.tensor([[1 + (7 * members[i] + 3 * j + case) % 5 for j in range(k)] for i in range(k)])
+    m[0, k - 1] = 0
+    return m
+
+
+def planned_bytes(members):
+    k = len(members)
+    g = torch.Generator().manual_seed(sum(members))
+    m = torch.randint(ALLTOALL_BYTES // 4, ALLTOALL_BYTES, (k, k), generator=g)
+    m[:, 2] *= 2  # rank 3's socket link is the bottleneck
+    return m
+
+
+def check_group(group, members, case):
+    me = members.index(dist.get_rank())
+    m = split_matrix(members, case)
+    inputs = [make_input(r, case, int(m[i].sum()) * 3, torch.float32).view(-1, 3) for i, r in enumerate(members)]
+    out = torch.empty(int(m[:, me].sum()), 3)
+    dist.all_to_all_single(out, inputs[me], output_split_sizes=m[:, me].tolist(),
+                           input_split_sizes=m[me].tolist(), group=group)
+    assert_close(out, all_to_all_reference(inputs, m, me), f"all_to_all_single group {members}")
+    backend = group._get_backend(torch.device("cpu"))
+    assert backend.last_algorithm() == "alltoall/varipath", (members, backend.last_algorithm())
+    summands = [make_input(r, case, 37, torch.float32) for r in members]
+    total = summands[me].clone()
+    dist.all_reduce(total, group=group)
+    assert_close(total, reference_reduce(summands, "sum", len(members)), f"all_reduce group {members}")
+
+
+def run_planned(group, members):
+    me = members.index(dist.get_rank())
+    m = planned_bytes(members)
+    inputs = [make_input(r, 99, int(m[i].sum()), torch.uint8) for i, r in enumerate(members)]
+    out = torch.empty(int(m[:, me].sum()), dtype=torch.uint8)
+    dist.all_to_all_single(out, inputs[me], output_split_sizes=m[:, me].tolist(),
+                           input_split_sizes=m[me].tolist(), group=group)
+    assert_close(out, all_to_all_reference(inputs, m, me), f"all_to_all_single group {members}")
+    return group._get_backend(torch.device("cpu")).last_alltoall_phases()
+
+
+def with_stderr_captured(fn):
+    """Runs fn() with file descriptor 2 (where hoccl's notes go) in a file; returns both."""
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as log:
+        os.dup2(log.fileno(), 2)
+        try:
+            result = fn()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        log.seek(0)
+        return result, log.read().decode()
+
+
+def subgroups_on_direct4(rank, world):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    def create():
+        made = [(members, dist.new_group(members, sort_ranks=False)) for members in GROUPS]
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        made += [(dist.get_process_group_ranks(g), g) for g in (mesh.get_group("dp"), mesh.get_group("tp"))]
+        return made
+
+    made, log = with_stderr_captured(create)
+    mine = [(members, g) for members, g in made if rank in members]
+    for case, (members, group) in enumerate(made):  # every member must use the group's case
+        if rank in members:
+            check_group(group, members, case)
+    planned = None
+    if rank in PLANNED_GROUP:
+        planned = run_planned(next(g for members, g in mine if members == PLANNED_GROUP), PLANNED_GROUP)
+    return [members for members, _ in mine], planned, log
+
+
+def as_lists(phases):
+    return [[tuple(int(x) for x in t) for t in ph] for ph in phases]
+
+
+def test_subgroups_plan_on_their_part_of_the_topology():
+    env = {"HOCCL_TOPOLOGY": "direct4", "HOCCL_ALLTOALL_ALGO": "varipath", "HOCCL_DEBUG": "INFO"}
+    results = run_ranks(subgroups_on_direct4, 4, env=env, timeout=300)
+    mesh_groups = [[0, 2], [1, 3], [0, 1], [2, 3]]
+    for rank, (checked, _, _) in enumerate(results):
+        want = [g for g in GROUPS if rank in g] + [g for g in mesh_groups if rank in g]
+        assert checked == want, (rank, checked)
+    for members in GROUPS + mesh_groups:  # the note comes from each group's rank 0
+        name = f"direct4[{','.join(map(str, members))}]"
+        assert f"all_to_all plans on {name}" in results[members[0]][2], (members, results[members[0]][2])
+    m = planned_bytes(PLANNED_GROUP).numpy()
+    want = varipath.schedule(m, Topology.preset("direct4").induced(PLANNED_GROUP))
+    assert len(want) > 1, "flat plans every pair in one phase: such a plan would not tell them apart"
+    k = len(PLANNED_GROUP)
+    for rank in PLANNED_GROUP:
+        phases = as_lists(results[rank][1])
+        assert phases[0] == [(i, i, int(m[i, i])) for i in range(k)], phases[0]
+        assert phases[1:] == as_lists(want), rank
+
+
+def hoccl_group_beside_gloo(rank, world):
+    group, log = with_stderr_captured(lambda: dist.new_group([0, 1], backend="hoccl"))
+    check_group(group, [0, 1], 0)
+    return log
+
+
+def test_subgroup_of_a_world_the_topology_does_not_describe_plans_flat_with_a_note():
+    env = {"HOCCL_TOPOLOGY": "direct4", "HOCCL_ALLTOALL_ALGO": "varipath", "HOCCL_DEBUG": "INFO"}
+    logs = run_ranks(hoccl_group_beside_gloo, 2, backend="gloo", env=env)
+    assert "group of world ranks [0, 1]: all_to_all plans flat" in logs[0], logs[0]
+    assert "describes 4 GPUs but the world has 2 ranks" in logs[0], logs[0]
+    assert "all_to_all plans" not in logs[1], logs[1]  # one note per group, from its rank 0
+
+
+def create_world_only(rank, world):
+    return None
+
+
+def test_world_group_the_topology_does_not_describe_is_still_an_error():
+    results = run_ranks(create_world_only, 2, env={"HOCCL_TOPOLOGY": "direct4"}, expect_errors=True)
+    for rank, (status, text) in enumerate(results):
+        assert status == "error", text
+        assert f"creation on rank {rank}: HOCCL_TOPOLOGY='direct4' describes 4 GPUs but the process group " \
+               "has world_size=2" in text, text
