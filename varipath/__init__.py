@@ -19,8 +19,9 @@ import numpy as np
 from .simulate import COPY_ENGINES, ETA_BETA, ETA_MIN, MODELS, check_demand, lower_bound, simulate
 from .topology import NotInducible, Topology, flat
 
-__all__ = ["Topology", "NotInducible", "schedule", "simulate", "lower_bound", "backend_config", "backend_scheduler",
-           "backend_topology", "group_topology", "resolve_topology", "scheduler_for", "MODELS"]
+__all__ = ["Topology", "NotInducible", "schedule", "simulate", "lower_bound", "backend_config",
+           "backend_scheduler", "backend_topology", "group_topology", "resolve_topology", "scheduler_for",
+           "MODELS"]
 
 Phases = List[List[Tuple[int, int, int]]]
 
