@@ -1,13 +1,16 @@
 """Registers the "hoccl" name with torch.distributed (idempotent, no extension import)."""
 from __future__ import annotations
 
+import logging
+import sys
 from datetime import timedelta
 
 BACKEND_NAME = "hoccl"
 
 
-def _create(store, rank: int, size: int, timeout: timedelta):
-    """Creator torch calls for each new process group using hoccl."""
+def _create(store, rank: int, size: int, timeout: timedelta, global_ranks=None):
+    """Creator of a hoccl process group: ``global_ranks`` are the world ranks of a subgroup's
+    members in its rank order, None for the default (world) group."""
     import torch  # noqa: F401  (the extension needs libtorch loaded first)
 
     from hoccl_backend import _C
@@ -19,11 +22,19 @@ def _create(store, rank: int, size: int, timeout: timedelta):
 
             return multihost.create(store, rank, size, timeout, names, host_of)
     pg = _C.ProcessGroupHOCCL(store, rank, size, timeout)
-    _configure_alltoall(pg, rank, size)
+    _configure_alltoall(pg, rank, size, global_ranks)
     return pg
 
 
-def _configure_alltoall(pg, rank: int, size: int) -> None:
+def _create_from_options(options, backend_options=None):
+    """What torch calls for each new hoccl group (registered with ``extended_api=True``): the
+    plain four-argument creator is not told which world ranks a subgroup holds, and a subgroup
+    needs them to find its part of HOCCL_TOPOLOGY. torch passes [] for the default group."""
+    return _create(options.store, options.group_rank, options.group_size, options.timeout,
+                   list(options.global_ranks_in_group) or None)
+
+
+def _configure_alltoall(pg, rank: int, size: int, global_ranks=None) -> None:
     """Hands the backend the scheduler varipath.schedule() runs for HOCCL_TOPOLOGY and
     HOCCL_VARIPATH_MODEL: the same object, with its links, hosts and cost model. On the flat
     topology (HOCCL_TOPOLOGY unset) there are no links to schedule for, and every pair goes in
@@ -39,10 +50,46 @@ def _configure_alltoall(pg, rank: int, size: int) -> None:
     spec = _C.config_value("HOCCL_TOPOLOGY")
     try:
         model = _C.config_value("HOCCL_VARIPATH_MODEL")
-        scheduler = None if spec == "flat" else varipath.backend_scheduler(spec, size, model)
+        topo = None if spec == "flat" else _group_topology(varipath, spec, rank, size, global_ranks)
+        scheduler = None if topo is None else varipath.scheduler_for(topo, model)
     except ValueError as e:
         raise ValueError(f"hoccl process group creation on rank {rank}: {e}") from e
     pg.set_alltoall_scheduler(scheduler)
+
+
+def _group_topology(varipath, spec: str, rank: int, size: int, global_ranks):
+    """The topology this group plans on, or None for flat. The world group must match
+    HOCCL_TOPOLOGY exactly (a mismatch is a misconfiguration, reported at init); a subgroup
+    gets the part of it its ranks occupy, and plans flat with a note when that cannot be
+    derived, since failing would make every multi-dimensional job (HSDP, TP x DP, EP x DP)
+    unusable with a topology."""
+    if global_ranks is None:
+        return varipath.backend_topology(spec, size)
+    import torch.distributed as dist
+
+    try:
+        topo = varipath.group_topology(spec, dist.get_world_size(), global_ranks)
+    except varipath.NotInducible as e:
+        _info(rank, f"group of world ranks {list(global_ranks)}: all_to_all plans flat, as without "
+                    f"HOCCL_TOPOLOGY: {e}")
+        return None
+    _info(rank, f"group of world ranks {list(global_ranks)}: all_to_all plans on {topo.name}, "
+                f"the part of HOCCL_TOPOLOGY={spec} its ranks occupy")
+    return topo
+
+
+def _info(rank: int, message: str) -> None:
+    """An INFO note from the group's rank 0: on stderr like the extension's own notes when
+    HOCCL_DEBUG is INFO or TRACE, else to the "hoccl" logger (shown where logging is set to
+    INFO)."""
+    if rank != 0:
+        return
+    from hoccl_backend import _C
+
+    if _C.config_value("HOCCL_DEBUG") in ("INFO", "TRACE"):
+        print(f"[hoccl rank {rank}] {message}", file=sys.stderr, flush=True)
+    else:
+        logging.getLogger("hoccl").info(message)
 
 
 def register() -> None:
@@ -52,4 +99,5 @@ def register() -> None:
         return
     if BACKEND_NAME in dist.Backend.backend_list:
         return
-    dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu", "cuda"])
+    dist.Backend.register_backend(BACKEND_NAME, _create_from_options, extended_api=True,
+                                  devices=["cpu", "cuda"])

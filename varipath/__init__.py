@@ -17,10 +17,11 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from .simulate import COPY_ENGINES, ETA_BETA, ETA_MIN, MODELS, check_demand, lower_bound, simulate
-from .topology import Topology, flat
+from .topology import NotInducible, Topology, flat
 
-__all__ = ["Topology", "schedule", "simulate", "lower_bound", "backend_config", "backend_scheduler",
-           "backend_topology", "resolve_topology", "scheduler_for", "MODELS"]
+__all__ = ["Topology", "NotInducible", "schedule", "simulate", "lower_bound", "backend_config",
+           "backend_scheduler", "backend_topology", "group_topology", "resolve_topology", "scheduler_for",
+           "MODELS"]
 
 Phases = List[List[Tuple[int, int, int]]]
 
@@ -51,6 +52,29 @@ def backend_topology(spec: Optional[str], world_size: int) -> Topology:
         raise ValueError(f"HOCCL_TOPOLOGY={spec!r} describes {topo.num_gpus} GPUs but the process "
                          f"group has world_size={world_size}")
     return topo
+
+
+def group_topology(spec: Optional[str], world_size: int, global_ranks: Sequence[int]) -> Topology:
+    """The topology a process group over some of the world's ranks plans its all_to_all on.
+
+    ``HOCCL_TOPOLOGY=spec`` describes the machine the whole world occupies, world rank r on GPU
+    r; the group's rank i is world rank ``global_ranks[i]``, so it gets
+    ``topology.induced(global_ranks)``: the same GPUs and links. Raises :class:`NotInducible`
+    when that cannot be derived: the topology does not describe the world (its GPU count
+    differs), or the group spans several hosts (varipath's multi-host channels are built for a
+    preset replicated over whole hosts). A bad ``spec`` raises ValueError as for the world."""
+    topo = resolve_topology(spec, world_size)
+    ranks = [int(r) for r in global_ranks]
+    if topo.num_gpus != world_size:
+        raise NotInducible(f"HOCCL_TOPOLOGY={spec!r} describes {topo.num_gpus} GPUs but the world has "
+                           f"{world_size} ranks, so world ranks {ranks} cannot be placed on its GPUs")
+    if ranks == list(range(world_size)):
+        return topo
+    sub = topo.induced(ranks)
+    if sub.num_hosts > 1:
+        raise NotInducible(f"world ranks {ranks} span {sub.num_hosts} hosts of HOCCL_TOPOLOGY={spec!r}; "
+                           "varipath plans several hosts only for a preset over whole hosts")
+    return sub
 
 
 def backend_config(spec: Optional[str], world_size: int) -> dict:

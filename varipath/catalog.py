@@ -85,7 +85,13 @@ def _host_topology(topo: Topology) -> Topology:
     """The single-host topology a multi-host preset was built from (host 0's subgraph)."""
     if topo.num_hosts == 1:
         return topo
-    return Topology.preset(topo.name.rsplit("x", 1)[0], 1)
+    base, _, hosts = topo.name.rpartition("x")
+    # the multi-host catalog is rebuilt from the preset's name; anything else (a sub-topology,
+    # a hand-written JSON) would silently get another machine's channels
+    if hosts != str(topo.num_hosts) or Topology.preset(base, topo.num_hosts).gpus != topo.gpus:
+        raise ValueError(f"varipath plans several hosts only for a preset replicated over whole "
+                         f"hosts (name 'PRESETxHOSTS'); topology {topo.name} is not one")
+    return Topology.preset(base, 1)
 
 
 def _two_host(topo: Topology) -> Topology:

@@ -34,6 +34,11 @@ NET_LAT = 1.5e-6
 PHASE_LATENCY_S = 5e-6  # signal round trip + DMA launch per synchronized phase
 
 
+class NotInducible(ValueError):
+    """The part of a topology some of its GPUs occupy cannot stand on its own with the routes
+    those GPUs have in the whole topology (the reason is the message)."""
+
+
 class Topology:
     """Directed-link graph with fixed routing between GPUs.  See module docstring."""
 
@@ -311,6 +316,55 @@ class Topology:
 
     def __repr__(self) -> str:
         return f"Topology({self.name!r}, gpus={self.num_gpus}, hosts={self.num_hosts})"
+
+    # ---------------------------------------------------------------- sub-topologies
+    def induced(self, gpus: Sequence[int]) -> "Topology":
+        """The part of this machine that GPUs ``gpus`` occupy, GPU ``gpus[i]`` becoming GPU i:
+        those GPUs and every node and link on the routes between them, with their bandwidths
+        and latencies, so each pair's route is the one it has here. Hosts keep their indices.
+
+        A process group over some of the ranks plans its all_to_all on this: its transfers run
+        on the same wires as in the whole machine, and links no route of the group uses cannot
+        limit it. Raises ValueError for fewer than two GPUs, an index out of range or a repeat;
+        :class:`NotInducible` when a route between two of them runs through a GPU left out."""
+        order = self._check_gpu_selection(gpus)
+        used = {link for s in order for d in order if s != d for link in self.path(s, d)}
+        kept = set(self.gpus[g] for g in order)
+        for u, v in used:
+            if self.nodes[v]["type"] == "gpu" and v not in kept:
+                raise NotInducible(f"topology {self.name}: routes between GPUs {order} pass through "
+                                   f"GPU {v}, which is not among them")
+        nodes = {n: self.nodes[n] for link in used for n in link}
+        links = [l for l in self._raw_links if (l["a"], l["b"]) in used or (l["b"], l["a"]) in used]
+        name = f"{self.name}[{','.join(map(str, order))}]"
+        try:
+            sub = Topology(name, nodes, links, [self.gpus[g] for g in order], self.phase_latency_s,
+                           self.pair_bw)
+        except ValueError as e:
+            raise NotInducible(f"topology {self.name}: GPUs {order} alone: {e}") from e
+        self._check_same_routes(sub, order)
+        return sub
+
+    def _check_gpu_selection(self, gpus: Sequence[int]) -> List[int]:
+        order = [int(g) for g in gpus]
+        if len(order) < 2:
+            raise ValueError(f"topology {self.name}: a sub-topology needs at least two GPUs, got {order}")
+        bad = [g for g in order if not 0 <= g < self.num_gpus]
+        if bad:
+            raise ValueError(f"topology {self.name}: GPU indices {bad} out of range 0..{self.num_gpus - 1}")
+        if len(set(order)) != len(order):
+            raise ValueError(f"topology {self.name}: GPU list {order} names a GPU twice")
+        return order
+
+    def _check_same_routes(self, sub: "Topology", order: List[int]) -> None:
+        """Routing is a shortest-path rule, so leaving nodes out could in principle pick another
+        route; a sub-topology is only the same machine if no pair's route changed."""
+        for i, s in enumerate(order):
+            for j, d in enumerate(order):
+                if i != j and sub.path(i, j) != self.path(s, d):
+                    raise NotInducible(f"topology {self.name}: alone, GPUs {self.gpus[s]} -> "
+                                       f"{self.gpus[d]} would route {sub.path(i, j)} instead of "
+                                       f"{self.path(s, d)}")
 
 
 def _build_pcie(name: str, p: dict, hosts: int) -> Topology:
