@@ -19,6 +19,9 @@ for mod in ninja numpy scipy networkx pytest; do need "$mod" && missing+=("$mod"
 if [ ${#missing[@]} -gt 0 ]; then $PY -m pip install -q "${missing[@]}"; fi
 if need expecttest; then $PY -m pip install -q expecttest || true; fi   # torch's conformance suite
 if need matplotlib; then $PY -m pip install -q matplotlib || true; fi   # --plot only
+# The MoE models TopoEP must wrap, and the trainers that must accept the backend (tests build
+# tiny models from configs; nothing is downloaded at run time)
+if need transformers || need accelerate; then $PY -m pip install -q "transformers>=5" accelerate; fi
 # Without build isolation the build uses this environment's setuptools: it needs one with
 # editable wheels (64+; Python 3.12+ venvs have none at all), and before 70.1 setuptools takes
 # bdist_wheel from the separate `wheel` package (Python 3.11's venvs ship 65.5 without it).
