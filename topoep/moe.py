@@ -1,10 +1,10 @@
-"""TopoEP around a standard MoE layer: ``TopoEPMoE`` (drop-in wrapper) and ``attach`` (hook).
+"""TopoEP around an MoE layer: ``TopoEPMoE`` (the expert-parallel module) and ``attach`` (hook).
 
-A "standard MoE layer" here is a module with ``router`` (a Linear to E logits), ``top_k``, and
-experts either as stacked weights (``w1`` [E, d, f], ``b1`` [E, f], ``w2`` [E, f, d],
-``b2`` [E, d]) or as ``experts``, a ModuleList of E identical FFN modules. A ``route(x)``
-method returning (expert ids [n, k], gate weights [n, k]) is used when present; otherwise
-softmax over the router logits followed by top-k.
+Which layers it takes, and how it reads their experts and routing, is ``topoep.adapters``'s
+business: transformers 5's MoE blocks (their ``experts`` module is replaced; the block keeps
+routing), hoccl's own router layers (``SimpleMoE``: ``router``, ``top_k``, stacked ``w1, b1, w2,
+b2`` or a ModuleList ``experts``; ``route(x)`` when present, else softmax then top-k), and what
+``register_adapter`` adds. Beside DDP or FSDP2, see ``topoep.prepare``.
 
 Per forward, on every rank of the process group (one rank = one "GPU" of the topology):
   1. routing counts [E] -> one all_gather -> counts [R, E];
@@ -257,7 +257,29 @@ class TopoEPMoE(ReplacementMixin, nn.Module):
             0, logical_at, torch.arange(E)))
         self.register_buffer("_home_gpu", torch.arange(E) // m, persistent=False)  # row -> rank
         owned = logical_at[self.rank * m:(self.rank + 1) * m].tolist()
-        # ---- experts: a flat view [E_loc, P] built from this rank's parameters
+        self._hold_experts(spec, owned)
+        if slots_per_gpu is None:
+            if budget_bytes is None:
+                slots_per_gpu = 2
+            else:
+                slots_per_gpu = int(budget_bytes) // self.expert_bytes
+                if slots_per_gpu < 1:
+                    raise ValueError(f"topoep: replica budget too small: {budget_bytes} bytes "
+                                     f"cannot hold one expert ({self.expert_bytes} bytes)")
+        self.balance = balance
+        self.slots = slots_per_gpu
+        self.planner = TopoEPPlanner(E, self.hosts, self.gpus_per_host, slots_per_gpu,
+                                     min_piece=min_piece) if balance else None
+        self.mode, self.capacity = mode, capacity
+        self.last_stats: dict = {}
+        self.last_plan: TopoEPPlan | None = None
+        # fully_shard replaces parameters it shards: the ones we made tell them apart
+        self._expert_ids = frozenset(id(p) for _, p in self.expert_named_parameters())
+        self._init_replacement(replacement, optimizer)
+
+    def _hold_experts(self, spec, owned: list) -> None:
+        """This rank's experts (``owned``, in row order) as parameters of the wrapper, and the
+        flat view [E_loc, P] the replica and dispatch code works on."""
         if spec.stacked:
             oi = torch.tensor(owned)
             for n, t in spec.stacked.items():
@@ -282,24 +304,6 @@ class TopoEPMoE(ReplacementMixin, nn.Module):
         first = (getattr(self, self._names[0]) if self.experts is None
                  else next(self.experts.parameters()))
         self.expert_bytes = self.expert_numel * first.element_size()
-        if slots_per_gpu is None:
-            if budget_bytes is None:
-                slots_per_gpu = 2
-            else:
-                slots_per_gpu = int(budget_bytes) // self.expert_bytes
-                if slots_per_gpu < 1:
-                    raise ValueError(f"topoep: replica budget too small: {budget_bytes} bytes "
-                                     f"cannot hold one expert ({self.expert_bytes} bytes)")
-        self.balance = balance
-        self.slots = slots_per_gpu
-        self.planner = TopoEPPlanner(E, self.hosts, self.gpus_per_host, slots_per_gpu,
-                                     min_piece=min_piece) if balance else None
-        self.mode, self.capacity = mode, capacity
-        self.last_stats: dict = {}
-        self.last_plan: TopoEPPlan | None = None
-        # fully_shard replaces parameters it shards: the ones we made tell them apart
-        self._expert_ids = frozenset(id(p) for _, p in self.expert_named_parameters())
-        self._init_replacement(replacement, optimizer)
 
     # ------------------------------------------------------------------ pieces
     def _owned_flat(self):
