@@ -1,0 +1,189 @@
+"""TopoEP on MoE layers from outside transformers: DeepSpeed's ``deepspeed.moe.layer.MoE`` and
+the Megatron-style layer of ``topoep.megatron_style``, on real hoccl ranks at worlds 1, 2, 4.
+
+References (independent of TopoEP, run in the same processes):
+
+* DeepSpeed ``ep_size=1``: the stock layer, unwrapped, run on each rank's tokens separately
+  (DeepSpeed's capacity depends on the batch it sees, so it must see the same batches), with
+  the same RNG seed per batch, so that its random token selection and gumbel sampling draw the
+  same numbers. Its gradients are summed over the batches, as TopoEP's owners sum theirs.
+* DeepSpeed ``ep_size=R``: DeepSpeed's own expert parallelism on the same ranks (its
+  fixed-capacity all_to_all over hoccl), built from the same seeds: each rank compares with
+  its stock twin directly, no reduction needed.
+* Megatron-style: the stock layer run on all ranks' tokens in this process.
+
+Compared: output, ``l_aux`` and ``exp_counts`` (DeepSpeed), the input gradient, the gate's /
+router's gradient, every other dense parameter's gradient, and each expert this rank holds.
+``topoep.stock_state_dict`` must load back into a stock layer and equal the original.
+
+DeepSpeed is an optional test dependency (``scripts/install.sh``); its tests skip only when
+``import deepspeed`` fails. One spawned job per world size and library (spawning costs seconds).
+"""
+import copy
+
+import pytest
+import torch
+
+from dist_utils import run_ranks
+
+N, D, F, E = 12, 8, 16, 8  # tokens per rank, hidden, expert hidden, experts
+TOL = 2e-5  # fp32, relative to the reference's largest magnitude
+DS_ENV = {"DS_ACCELERATOR": "cpu"}
+
+
+def _rel(a, b):
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).abs().max() / b.abs().max().clamp(min=1e-12))
+
+
+def _batches(world, seed=11):
+    gen = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(2, N // 2, D, generator=gen) for _ in range(world)]
+    gouts = [torch.randn(2, N // 2, D, generator=gen) for _ in range(world)]
+    return xs, gouts
+
+
+# --------------------------------------------------------------------------- DeepSpeed
+
+DS_CASES = {  # name -> MoE keyword arguments
+    "top1-rts-rsample": dict(k=1, capacity_factor=1.0, min_capacity=2,
+                             noisy_gate_policy="RSample"),
+    "top2-sampled-drops": dict(k=2, capacity_factor=1.0, min_capacity=1),
+    "top3-drops-residual": dict(k=3, capacity_factor=0.75, min_capacity=1, use_residual=True),
+    "top2-no-drops-jitter": dict(k=2, drop_tokens=False, noisy_gate_policy="Jitter"),
+}
+
+
+def _ds_layer(ep_size, case, seed=7):
+    """A DeepSpeed MoE layer whose expert e has weights drawn from (seed, e) whatever ep_size
+    and rank hold it, so layers of different ep_size describe the same model."""
+    import torch.distributed as dist
+    from deepspeed.moe.layer import MoE
+    torch.manual_seed(seed)
+    expert = torch.nn.Sequential(torch.nn.Linear(D, F), torch.nn.GELU(), torch.nn.Linear(F, D))
+    layer = MoE(D, expert, num_experts=E, ep_size=ep_size, **DS_CASES[case])
+    ep_rank = 0
+    if ep_size > 1:
+        layer.set_deepspeed_parallelism()
+        ep_rank = dist.get_rank(layer.deepspeed_moe.ep_group)
+    local = layer.deepspeed_moe.experts.deepspeed_experts
+    with torch.no_grad():
+        for i, ex in enumerate(local):
+            gen = torch.Generator().manual_seed(seed * 1000 + ep_rank * len(local) + i)
+            for p in ex.parameters():
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+    return layer
+
+
+def _ds_step(layer, x, gout, seed):
+    """forward + backward of (output . gout + l_aux / 3) with DeepSpeed's RNG draws fixed."""
+    torch.manual_seed(seed)
+    x = x.clone().requires_grad_(True)
+    out, l_aux, counts = layer(x)
+    ((out * gout).sum() + l_aux / 3).backward()
+    return {"out": out.detach(), "l_aux": l_aux.detach(), "counts": counts.clone(), "x": x.grad}
+
+
+def _ds_compare(res, ref, wrapped, stock, wrapper, expert_of, reduce_dense):
+    import torch.distributed as dist
+    errs = {k: _rel(res[k], ref[k]) for k in ("out", "l_aux", "x")}
+    errs["counts"] = 0.0 if torch.equal(res["counts"], ref["counts"]) else 1.0
+    stock_params = dict(stock.named_parameters())
+    for name, p in wrapped.named_parameters():
+        if name.startswith("deepspeed_moe.experts."):
+            continue
+        g = p.grad.clone()
+        if reduce_dense:  # the reference's dense gradients hold every rank's batch
+            dist.all_reduce(g, group=wrapper.group)
+        errs[name] = _rel(g, stock_params[name].grad)
+    for i, ex in enumerate(wrapper.experts):
+        stock_ex = stock.deepspeed_moe.experts.deepspeed_experts[expert_of(i)]
+        for (n, p), q in zip(ex.named_parameters(), stock_ex.parameters()):
+            errs[f"expert {wrapper.owned[i]}.{n}"] = _rel(p.grad, q.grad)
+    return errs
+
+
+def _ds_replicated_case(rank, world, case):
+    """ep_size=1 layer: TopoEP over the world vs the stock layer on each rank's batch."""
+    import topoep
+    xs, gouts = _batches(world)
+    stock = _ds_layer(1, case)
+    original = copy.deepcopy(stock.state_dict())
+    refs = [_ds_step(stock, xs[r], gouts[r], 1000 + r) for r in range(world)]
+    wrapped = _ds_layer(1, case)
+    wrapper = topoep.attach(wrapped, slots_per_gpu=2)
+    res = _ds_step(wrapped, xs[rank], gouts[rank], 1000 + rank)
+    errs = _ds_compare(res, refs[rank], wrapped, stock, wrapper, lambda i: wrapper.owned[i],
+                       reduce_dense=True)
+    fresh = _ds_layer(1, case, seed=99)
+    fresh.load_state_dict(topoep.stock_state_dict(wrapped))
+    errs["export"] = _state_dicts_differ(fresh.state_dict(), original)
+    return errs
+
+
+def _ds_expert_parallel_case(rank, world, case, ep_size):
+    """ep_size=R layer: TopoEP over DeepSpeed's expert-parallel group vs DeepSpeed's own
+    expert parallelism on the same ranks."""
+    import topoep
+    from topoep.adapters_deepspeed import expert_parallel_state_dict
+    xs, gouts = _batches(world)
+    stock = _ds_layer(ep_size, case)
+    original = copy.deepcopy(stock.state_dict())
+    ref = _ds_step(stock, xs[rank], gouts[rank], 1000 + rank)
+    wrapped = _ds_layer(ep_size, case)
+    wrapper = topoep.attach(wrapped, group=wrapped.deepspeed_moe.ep_group, slots_per_gpu=1)
+    res = _ds_step(wrapped, xs[rank], gouts[rank], 1000 + rank)
+    errs = _ds_compare(res, ref, wrapped, stock, wrapper, lambda i: i, reduce_dense=False)
+    full = topoep.stock_state_dict(wrapped)
+    fresh = _ds_layer(ep_size, case, seed=99)
+    fresh.load_state_dict(expert_parallel_state_dict(
+        full, "", ep_size, wrapper.rank, E))
+    errs["export"] = _state_dicts_differ(fresh.state_dict(), original)
+    return errs
+
+
+def _state_dicts_differ(a, b) -> float:
+    same = a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    return 0.0 if same else 1.0
+
+
+def _ds_misuse(rank, world):
+    """ep_size < world attached over the whole world: TopoEP would own other experts."""
+    import topoep
+    layer = _ds_layer(world // 2, "top2-sampled-drops")
+    try:
+        topoep.attach(layer)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def deepspeed_job(rank, world):
+    import deepspeed
+    torch.set_num_threads(1)
+    deepspeed.init_distributed(dist_backend="hoccl")
+    out = {}
+    for case in DS_CASES:
+        out[("ep1", case)] = _ds_replicated_case(rank, world, case)
+    if world > 1:
+        out[(f"ep{world}", "top2-sampled-drops")] = _ds_expert_parallel_case(
+            rank, world, "top2-sampled-drops", world)
+    if world == 4:
+        out[("ep2", "top3-drops-residual")] = _ds_expert_parallel_case(
+            rank, world, "top3-drops-residual", 2)
+        out["misuse"] = _ds_misuse(rank, world)
+    return out
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_deepspeed_moe_matches_the_stock_layer(world):
+    pytest.importorskip("deepspeed", reason="deepspeed is not installed "
+                        "(scripts/install.sh installs it, DS_BUILD_OPS=0)")
+    out = run_ranks(deepspeed_job, world, env=DS_ENV, timeout=240)
+    for rank, per_rank in enumerate(out):
+        if world == 4:
+            misuse = per_rank.pop("misuse")
+            assert misuse and "group=layer.deepspeed_moe.ep_group" in misuse, (rank, misuse)
+        for where, errs in per_rank.items():
+            for key, err in errs.items():
+                assert err <= TOL, (rank, where, key, err)
