@@ -187,3 +187,92 @@ def test_deepspeed_moe_matches_the_stock_layer(world):
         for where, errs in per_rank.items():
             for key, err in errs.items():
                 assert err <= TOL, (rank, where, key, err)
+
+
+# --------------------------------------------------------------------------- Megatron-style
+
+MEGATRON_CASES = {  # name -> router options
+    "softmax-after-topk": {},
+    "softmax-before-topk": dict(pre_softmax=True),
+    "sigmoid-scaled": dict(score_function="sigmoid", topk_scaling_factor=2.5),
+    "router-returns-ids": dict(returns="ids"),
+}
+MEGATRON_TOL = 1e-10  # fp64
+
+
+def _megatron_layer(case, seed=7):
+    from topoep.megatron_style import MegatronStyleMoE
+    torch.manual_seed(seed)
+    return MegatronStyleMoE(D, F, E, topk=2, **MEGATRON_CASES[case]).double()
+
+
+def _megatron_case(rank, world, case):
+    """TopoEP over the world vs the stock layer on every rank's tokens at once."""
+    import gc
+    import weakref
+
+    import torch.distributed as dist
+    import topoep
+    xs, gouts = _batches(world)
+    xs, gouts = [x.double() for x in xs], [g.double() for g in gouts]
+    stock = _megatron_layer(case)
+    original = copy.deepcopy(stock.state_dict())
+    x_all = torch.cat(xs).requires_grad_(True)
+    ref_out, bias = stock(x_all)
+    (ref_out * torch.cat(gouts)).sum().backward()
+    rows = slice(rank * xs[0].shape[0], (rank + 1) * xs[0].shape[0])
+
+    layer = _megatron_layer(case)
+    full_weight1 = weakref.ref(layer.experts.weight1)
+    wrapper = topoep.attach(layer, slots_per_gpu=2)
+    gc.collect()
+    x = xs[rank].clone().requires_grad_(True)
+    out, wrapped_bias = layer(x)
+    (out * gouts[rank]).sum().backward()
+    errs = {"out": _rel(out, ref_out[rows]), "x": _rel(x.grad, x_all.grad[rows]),
+            "bias": 0.0 if bias is None and wrapped_bias is None else 1.0,
+            "full weights freed": 0.0 if full_weight1() is None else 1.0}
+    router_grad = layer.router.weight.grad.clone()
+    dist.all_reduce(router_grad)  # the reference's router saw every rank's tokens
+    errs["router"] = _rel(router_grad, stock.router.weight.grad)
+    stock_grads = {"weight1": stock.experts.weight1.grad.view(E, D, -1),
+                   "weight2": stock.experts.weight2.grad.view(E, -1, D)}
+    for name, p in wrapper.expert_named_parameters():
+        for i, e in enumerate(wrapper.owned):
+            errs[f"expert {e}.{name}"] = _rel(p.grad[i], stock_grads[name][e])
+    fresh = _megatron_layer(case, seed=99)
+    fresh.load_state_dict(topoep.stock_state_dict(layer))
+    errs["export"] = _state_dicts_differ(fresh.state_dict(), original)
+    return errs
+
+
+def megatron_job(rank, world):
+    torch.set_num_threads(1)
+    return {case: _megatron_case(rank, world, case) for case in MEGATRON_CASES}
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_megatron_style_layer_matches_the_stock_layer(world):
+    out = run_ranks(megatron_job, world, timeout=120)
+    for rank, per_rank in enumerate(out):
+        for case, errs in per_rank.items():
+            for key, err in errs.items():
+                assert err <= MEGATRON_TOL, (rank, case, key, err)
+
+
+class _RouterWithoutGroupedExperts(torch.nn.Module):
+    """Megatron-like names, but its experts are a plain Linear: no adapter may guess."""
+
+    def __init__(self):
+        super().__init__()
+        self.router = torch.nn.Module()
+        self.router.topk = 2
+        self.experts = torch.nn.Linear(4, 4)
+
+
+def test_unknown_layers_still_get_describes_type_error():
+    from topoep.adapters import describe
+    with pytest.raises(TypeError, match="not an MoE layer TopoEP knows") as info:
+        describe(_RouterWithoutGroupedExperts())
+    assert "deepspeed.moe.layer.MoE" in str(info.value)
+    assert "weight1 [d, E*2f]" in str(info.value)

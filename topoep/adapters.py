@@ -26,7 +26,7 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from . import adapters_deepspeed
+from . import adapters_deepspeed, megatron_style
 
 PROTOCOL_HINT = ("see topoep/adapters.py for the protocol (ExpertsSpec) and "
                  "topoep.register_adapter to add one")
@@ -193,7 +193,8 @@ ADAPTERS: list = [("transformers-style block (gate + experts(x, top_k_index, "
                    experts_module_spec),
                   ("router layer (router Linear, top_k, w1/b1/w2/b2 or ModuleList experts)",
                    router_layer_spec),
-                  (adapters_deepspeed.DESCRIPTION, adapters_deepspeed.deepspeed_moe_spec)]
+                  (adapters_deepspeed.DESCRIPTION, adapters_deepspeed.deepspeed_moe_spec),
+                  (megatron_style.DESCRIPTION, megatron_style.megatron_style_spec)]
 
 
 def register_adapter(description: str, fn: Callable, first: bool = True) -> None:
