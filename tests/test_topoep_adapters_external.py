@@ -17,7 +17,8 @@ router's gradient, every other dense parameter's gradient, and each expert this 
 ``topoep.stock_state_dict`` must load back into a stock layer and equal the original.
 
 DeepSpeed is an optional test dependency (``scripts/install.sh``); its tests skip only when
-``import deepspeed`` fails. One spawned job per world size and library (spawning costs seconds).
+``import deepspeed`` fails. One spawned job per world size runs both libraries (spawning costs
+seconds); each library's test reads its part.
 """
 import copy
 
@@ -148,19 +149,24 @@ def _state_dicts_differ(a, b) -> float:
 
 
 def _ds_misuse(rank, world):
-    """ep_size < world attached over the whole world: TopoEP would own other experts."""
+    """The two placements TopoEP cannot take over: an ep_size>1 layer before DeepSpeed made
+    its expert-parallel group, and ep_size < world attached over the whole world."""
     import topoep
-    layer = _ds_layer(world // 2, "top2-sampled-drops")
-    try:
-        topoep.attach(layer)
-    except ValueError as exc:
-        return str(exc)
-    return None
+    from deepspeed.moe.layer import MoE
+    expert = torch.nn.Linear(D, D)
+    messages = []
+    for layer in (MoE(D, expert, num_experts=E, ep_size=world),  # no set_deepspeed_parallelism
+                  _ds_layer(world // 2, "top2-sampled-drops")):
+        try:
+            topoep.attach(layer)
+            messages.append(None)
+        except ValueError as exc:
+            messages.append(str(exc))
+    return messages
 
 
-def deepspeed_job(rank, world):
+def deepspeed_cases(rank, world):
     import deepspeed
-    torch.set_num_threads(1)
     deepspeed.init_distributed(dist_backend="hoccl")
     out = {}
     for case in DS_CASES:
@@ -179,11 +185,13 @@ def deepspeed_job(rank, world):
 def test_deepspeed_moe_matches_the_stock_layer(world):
     pytest.importorskip("deepspeed", reason="deepspeed is not installed "
                         "(scripts/install.sh installs it, DS_BUILD_OPS=0)")
-    out = run_ranks(deepspeed_job, world, env=DS_ENV, timeout=240)
-    for rank, per_rank in enumerate(out):
+    for rank, per_rank in enumerate(_results(world)):
+        per_rank = _part(per_rank, "deepspeed", rank)
         if world == 4:
-            misuse = per_rank.pop("misuse")
-            assert misuse and "group=layer.deepspeed_moe.ep_group" in misuse, (rank, misuse)
+            no_group, wrong_group = per_rank.pop("misuse")
+            assert no_group and "set_deepspeed_parallelism" in no_group, (rank, no_group)
+            assert wrong_group and "group=layer.deepspeed_moe.ep_group" in wrong_group, \
+                (rank, wrong_group)
         for where, errs in per_rank.items():
             for key, err in errs.items():
                 assert err <= TOL, (rank, where, key, err)
@@ -246,18 +254,52 @@ def _megatron_case(rank, world, case):
     return errs
 
 
-def megatron_job(rank, world):
-    torch.set_num_threads(1)
+def megatron_cases(rank, world):
     return {case: _megatron_case(rank, world, case) for case in MEGATRON_CASES}
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_megatron_style_layer_matches_the_stock_layer(world):
-    out = run_ranks(megatron_job, world, timeout=120)
-    for rank, per_rank in enumerate(out):
-        for case, errs in per_rank.items():
+    for rank, per_rank in enumerate(_results(world)):
+        for case, errs in _part(per_rank, "megatron", rank).items():
             for key, err in errs.items():
                 assert err <= MEGATRON_TOL, (rank, case, key, err)
+
+
+# --------------------------------------------------------------------------- one job per world
+
+
+def adapters_job(rank, world):
+    """Both libraries in one spawned job; each part's failure is reported by its own test."""
+    import importlib.util
+    import traceback
+    torch.set_num_threads(1)
+    parts = {"megatron": megatron_cases}
+    if importlib.util.find_spec("deepspeed") is not None:
+        parts["deepspeed"] = deepspeed_cases
+    out = {}
+    for name, cases in parts.items():
+        try:
+            out[name] = cases(rank, world)
+        except Exception:  # noqa: BLE001 - the part's test shows it
+            out[name] = ("error", traceback.format_exc())
+    return out
+
+
+_RESULTS: dict = {}
+
+
+def _results(world):
+    if world not in _RESULTS:
+        _RESULTS[world] = run_ranks(adapters_job, world, env=DS_ENV, timeout=300)
+    return _RESULTS[world]
+
+
+def _part(per_rank, name, rank):
+    part = per_rank[name]
+    if isinstance(part, tuple):
+        pytest.fail(f"rank {rank}, {name}:\n{part[1]}")
+    return part
 
 
 class _RouterWithoutGroupedExperts(torch.nn.Module):
