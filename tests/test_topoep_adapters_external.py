@@ -33,6 +33,13 @@ DS_ENV = {"DS_ACCELERATOR": "cpu"}
 
 
 def _rel(a, b):
+    if a is None or b is None:
+        # a parameter the layer never uses (an expert's ignored bias): the stock layer leaves
+        # its grad None, TopoEP's flat expert rows give it zeros
+        if a is None and b is None:
+            return 0.0
+        a, b = (torch.zeros_like(b) if a is None else a), (torch.zeros_like(a) if b is None else b)
+        return float(a.abs().max() + b.abs().max())
     a, b = a.detach().double(), b.detach().double()
     return float((a - b).abs().max() / b.abs().max().clamp(min=1e-12))
 
@@ -52,7 +59,22 @@ DS_CASES = {  # name -> MoE keyword arguments
     "top2-sampled-drops": dict(k=2, capacity_factor=1.0, min_capacity=1),
     "top3-drops-residual": dict(k=3, capacity_factor=0.75, min_capacity=1, use_residual=True),
     "top2-no-drops-jitter": dict(k=2, drop_tokens=False, noisy_gate_policy="Jitter"),
+    "top2-expert-returns-bias": dict(k=2, capacity_factor=2.0, min_capacity=1),
 }
+DS_DROPPING = ("top1-rts-rsample", "top2-sampled-drops", "top3-drops-residual")
+
+
+class _ExpertReturningBias(torch.nn.Module):
+    """An expert returning (output, bias), as Megatron-DeepSpeed's MLPs do; DeepSpeed keeps
+    the output only."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(D, F), torch.nn.Linear(F, D, bias=False)
+        self.bias = torch.nn.Parameter(torch.zeros(D))
+
+    def forward(self, x):
+        return self.fc2(torch.nn.functional.silu(self.fc1(x))), self.bias
 
 
 def _ds_layer(ep_size, case, seed=7):
@@ -61,7 +83,8 @@ def _ds_layer(ep_size, case, seed=7):
     import torch.distributed as dist
     from deepspeed.moe.layer import MoE
     torch.manual_seed(seed)
-    expert = torch.nn.Sequential(torch.nn.Linear(D, F), torch.nn.GELU(), torch.nn.Linear(F, D))
+    expert = (_ExpertReturningBias() if case == "top2-expert-returns-bias" else
+              torch.nn.Sequential(torch.nn.Linear(D, F), torch.nn.GELU(), torch.nn.Linear(F, D)))
     layer = MoE(D, expert, num_experts=E, ep_size=ep_size, **DS_CASES[case])
     ep_rank = 0
     if ep_size > 1:
@@ -119,7 +142,17 @@ def _ds_replicated_case(rank, world, case):
     fresh = _ds_layer(1, case, seed=99)
     fresh.load_state_dict(topoep.stock_state_dict(wrapped))
     errs["export"] = _state_dicts_differ(fresh.state_dict(), original)
+    errs["dropped routes"] = _dropped_routes(stock, xs[rank], 1000 + rank)
     return errs
+
+
+def _dropped_routes(layer, x, seed) -> int:
+    """How many (token, k) routes DeepSpeed's gate drops on this batch (the same draws as the
+    compared step): the cases meant to drop must really exercise that path."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        ids = layer.deepspeed_moe.gate(x.reshape(-1, D), None, True, False)[3]
+    return int((ids < 0).sum())
 
 
 def _ds_expert_parallel_case(rank, world, case, ep_size):
@@ -193,6 +226,8 @@ def test_deepspeed_moe_matches_the_stock_layer(world):
             assert wrong_group and "group=layer.deepspeed_moe.ep_group" in wrong_group, \
                 (rank, wrong_group)
         for where, errs in per_rank.items():
+            dropped = errs.pop("dropped routes", None)
+            assert dropped is None or dropped > 0 or where[1] not in DS_DROPPING, (rank, where)
             for key, err in errs.items():
                 assert err <= TOL, (rank, where, key, err)
 
