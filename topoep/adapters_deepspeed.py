@@ -16,8 +16,10 @@ Supported expert placements:
 * ``ep_size > 1``: DeepSpeed's rank ``r`` of the expert-parallel group holds experts
   ``r * m .. r * m + m - 1`` (m = E / ep_size), which is TopoEP's default placement over the
   same group. The adapter builds TopoEP's view of all E experts from those local ones, so
-  ``attach`` needs ``group=layer.deepspeed_moe.ep_group`` (set by ``deepspeed.initialize`` or
-  ``layer.set_deepspeed_parallelism()``) and no ``placement=``; anything else raises.
+  ``attach`` needs ``group=expert_parallel_group(layer)`` (the whole world when ep_size is the
+  world size) and no ``placement=``; anything else raises. Attach before
+  ``deepspeed.initialize`` (after ``deepspeed.init_distributed()``): the engine then sets the
+  layer's group as usual.
 
 Not supported (raises): tensor-parallel non-expert layers (``groups.mpu`` with TP > 1).
 
@@ -93,15 +95,22 @@ def _expert_parallel_position(module) -> tuple:
     ep_size = int(module.ep_size)
     if ep_size == 1:
         return 1, 0
-    group = module.deepspeed_moe.ep_group
-    if group is None:
-        raise ValueError(
-            f"topoep: {type(module).__name__} has ep_size={ep_size} but no expert-parallel "
-            "group yet, so which experts this rank holds is unknown; call "
-            "layer.set_deepspeed_parallelism() (deepspeed.initialize does) before "
-            "topoep.attach")
     import torch.distributed as dist
-    return ep_size, dist.get_rank(group)
+    return ep_size, dist.get_rank(expert_parallel_group(module))
+
+
+def expert_parallel_group(layer):
+    """DeepSpeed's expert-parallel group of ``layer`` (``ep_size > 1``): pass it to
+    ``topoep.attach(layer, group=...)``. Before ``deepspeed.initialize`` the layer has none
+    yet; the group is then made as ``MoE.set_deepspeed_parallelism`` makes it (DeepSpeed's
+    default rank order) but not set on the layer, because ``deepspeed.initialize`` sets it
+    later and asserts that no group was set before. Needs ``deepspeed.init_distributed()``."""
+    if layer.deepspeed_moe.ep_group is not None:
+        return layer.deepspeed_moe.ep_group
+    from deepspeed.utils import groups
+    if layer.expert_group_name not in groups._get_expert_parallel_group_dict():
+        groups._create_expert_and_data_parallel(layer.ep_size)
+    return groups._get_expert_parallel_group(layer.expert_group_name)
 
 
 def _check_placement_matches(layer, wrapper, ep_size, ep_rank) -> None:
@@ -113,16 +122,16 @@ def _check_placement_matches(layer, wrapper, ep_size, ep_rank) -> None:
     import torch.distributed as dist
     m = layer.num_local_experts
     want = list(range(ep_rank * m, (ep_rank + 1) * m))
-    ds_ranks = dist.get_process_group_ranks(layer.deepspeed_moe.ep_group)
+    ds_ranks = dist.get_process_group_ranks(expert_parallel_group(layer))
     tp_ranks = (list(range(dist.get_world_size())) if wrapper.group is None
                 else dist.get_process_group_ranks(wrapper.group))
     if ds_ranks != tp_ranks or wrapper.owned != want:
         raise ValueError(
             f"topoep: rank {dist.get_rank()}: DeepSpeed MoE ep_size={ep_size} holds experts "
             f"{want} here (expert-parallel ranks {ds_ranks}), but TopoEP over ranks {tp_ranks} "
-            f"would own experts {wrapper.owned}; attach with "
-            "group=layer.deepspeed_moe.ep_group and the default placement, or build the layer "
-            "with ep_size=1")
+            f"would own experts {wrapper.owned}; attach with group="
+            "topoep.adapters_deepspeed.expert_parallel_group(layer) and the default placement, "
+            "or build the layer with ep_size=1")
 
 
 # --------------------------------------------------------------------------- experts
