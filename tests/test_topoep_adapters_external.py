@@ -12,6 +12,9 @@ References (independent of TopoEP, run in the same processes):
   its stock twin directly, no reduction needed.
 * Megatron-style: the stock layer run on all ranks' tokens in this process.
 
+* DeepSpeed engine (world 2): two SGD steps of ``deepspeed.initialize``'s engine with TopoEP
+  attached before it vs the same engine on the stock layer (ep_size = world), all parameters.
+
 Compared: output, ``l_aux`` and ``exp_counts`` (DeepSpeed), the input gradient, the gate's /
 router's gradient, every other dense parameter's gradient, and each expert this rank holds.
 ``topoep.stock_state_dict`` must load back into a stock layer and equal the original.
@@ -182,6 +185,53 @@ def _ds_expert_parallel_case(rank, world, case, ep_size):
     return errs
 
 
+class _DeepSpeedNet(torch.nn.Module):
+    """A dense layer before a DeepSpeed MoE layer, its loss including l_aux."""
+
+    def __init__(self, ep_size):
+        super().__init__()
+        self.inp = torch.nn.Linear(D, D)
+        self.moe = _ds_layer(ep_size, "top2-sampled-drops", set_group=False)
+
+    def forward(self, x):
+        out, l_aux, _ = self.moe(self.inp(x))
+        return out.pow(2).mean() + l_aux / 10
+
+
+def _ds_engine_trained(world, use_topoep, steps=2):
+    """Parameters after ``steps`` SGD steps of ``deepspeed.initialize``'s engine, with the
+    expert parameter groups DeepSpeed's own helper makes."""
+    import deepspeed
+    import topoep
+    from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+    from topoep.adapters_deepspeed import expert_parallel_group
+    torch.manual_seed(5)
+    net = _DeepSpeedNet(ep_size=world)
+    if use_topoep:  # before deepspeed.initialize, as a user would
+        topoep.attach(net.moe, group=expert_parallel_group(net.moe), slots_per_gpu=1)
+    groups = split_params_into_different_moe_groups_for_optimizer(
+        {"params": list(net.parameters()), "name": "all"})
+    engine, *_ = deepspeed.initialize(model=net, optimizer=torch.optim.SGD(groups, lr=0.5),
+                                      config={"train_micro_batch_size_per_gpu": 1})
+    gen = torch.Generator().manual_seed(300 + engine.global_rank)
+    for step in range(steps):
+        torch.manual_seed(400 + 10 * step + engine.global_rank)
+        engine.backward(engine(torch.randn(N, D, generator=gen)))
+        engine.step()
+    return {n.replace("experts.experts.", "experts.deepspeed_experts."): p.detach().clone()
+            for n, p in net.named_parameters()}
+
+
+def _ds_engine_case(world):
+    """Two training steps under deepspeed.initialize (ep_size = world): TopoEP vs DeepSpeed's
+    own expert parallelism, every parameter after the steps."""
+    stock = _ds_engine_trained(world, use_topoep=False)
+    wrapped = _ds_engine_trained(world, use_topoep=True)
+    errs = {n: _rel(wrapped[n], p) for n, p in stock.items()}
+    errs["same parameters"] = 0.0 if stock.keys() == wrapped.keys() else 1.0
+    return errs
+
+
 def _state_dicts_differ(a, b) -> float:
     same = a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     return 0.0 if same else 1.0
@@ -206,6 +256,8 @@ def deepspeed_cases(rank, world):
     if world > 1:
         out[(f"ep{world}", "top2-sampled-drops")] = _ds_expert_parallel_case(
             rank, world, "top2-sampled-drops", world)
+    if world == 2:
+        out[("engine", "ep2")] = _ds_engine_case(world)
     if world == 4:
         out[("ep2", "top3-drops-residual")] = _ds_expert_parallel_case(
             rank, world, "top3-drops-residual", 2)
