@@ -198,6 +198,22 @@ class _DeepSpeedNet(torch.nn.Module):
         return out.pow(2).mean() + l_aux / 10
 
 
+def _ds_engine_rejects_replicated_layer(world):
+    """An ep_size=1 layer under TopoEP inside the engine would have its experts' gradients
+    averaged over ranks that hold different experts: its first training forward raises."""
+    import deepspeed
+    import topoep
+    net = _DeepSpeedNet(ep_size=1)
+    topoep.attach(net.moe)
+    engine, *_ = deepspeed.initialize(model=net, optimizer=torch.optim.SGD(net.parameters()),
+                                      config={"train_micro_batch_size_per_gpu": 1})
+    try:
+        engine(torch.randn(N, D))
+    except RuntimeError as exc:
+        return str(exc)
+    return None
+
+
 def _ds_engine_trained(world, use_topoep, steps=2):
     """Parameters after ``steps`` SGD steps of ``deepspeed.initialize``'s engine, with the
     expert parameter groups DeepSpeed's own helper makes."""
@@ -258,6 +274,7 @@ def deepspeed_cases(rank, world):
             rank, world, "top2-sampled-drops", world)
     if world == 2:
         out[("engine", "ep2")] = _ds_engine_case(world)
+        out["engine misuse"] = _ds_engine_rejects_replicated_layer(world)
     if world == 4:
         out[("ep2", "top3-drops-residual")] = _ds_expert_parallel_case(
             rank, world, "top3-drops-residual", 2)
@@ -271,6 +288,9 @@ def test_deepspeed_moe_matches_the_stock_layer(world):
                         "(scripts/install.sh installs it, DS_BUILD_OPS=0)")
     for rank, per_rank in enumerate(_results(world)):
         per_rank = _part(per_rank, "deepspeed", rank)
+        if world == 2:
+            misuse = per_rank.pop("engine misuse")
+            assert misuse and "ep_size=2" in misuse and "DeepSpeed engine" in misuse, misuse
         if world == 4:
             misuse = per_rank.pop("misuse")
             assert misuse and "expert_parallel_group(layer)" in misuse, (rank, misuse)

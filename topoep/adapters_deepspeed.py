@@ -35,6 +35,7 @@ zero, as in DeepSpeed, at the cost of computing it.
 from __future__ import annotations
 
 import copy
+import sys
 import types
 
 import torch
@@ -167,6 +168,7 @@ def _drop_tuple_outputs(wrapper) -> None:
 def _gate_then_topoep(self, hidden_states, used_token=None, *args, **kwargs):
     """``MOELayer.forward`` with TopoEP behind DeepSpeed's own gate: ``self`` is the
     MOELayer, ``self.experts`` the TopoEP wrapper."""
+    _check_not_averaged_by_engine(self)
     x = hidden_states.reshape(-1, hidden_states.shape[-1])
     # sparse_routes=True: the gate's per-route (expert, gate weight) form, which DeepSpeed's
     # own dispatch uses; experts evicted by capacity come back as -1
@@ -175,6 +177,37 @@ def _gate_then_topoep(self, hidden_states, used_token=None, *args, **kwargs):
     ids, weights = _dense_routes(expert_ids, gate_weights, num_experts)
     out = self.experts(x, ids, weights)
     return out.reshape(hidden_states.shape)
+
+
+def _check_not_averaged_by_engine(moe_layer) -> None:
+    """An ep_size=1 layer's expert parameters are, to DeepSpeed's engine, replicated on every
+    rank: it all-reduces their gradients over all ranks, which after attach hold different
+    experts. Training that way would silently mix experts, so it raises."""
+    wrapper = moe_layer.experts
+    if moe_layer.ep_size != 1 or wrapper.world == 1 or not (
+            moe_layer.training and torch.is_grad_enabled()):
+        return
+    if _inside_deepspeed_engine():
+        raise RuntimeError(
+            f"topoep: rank {wrapper.rank}: a DeepSpeed MoE layer built with ep_size=1 runs "
+            f"TopoEP over {wrapper.world} ranks inside a DeepSpeed engine, which would average "
+            "different experts' gradients over all ranks; build the layer with "
+            f"ep_size={wrapper.world} (TopoEP's group size) and attach with group="
+            "topoep.adapters_deepspeed.expert_parallel_group(layer)")
+
+
+def _inside_deepspeed_engine() -> bool:
+    """Whether a DeepSpeedEngine method is running this call (a short stack walk)."""
+    from deepspeed.runtime.engine import DeepSpeedEngine
+    frame = sys._getframe(2)
+    for _ in range(32):
+        if frame is None:
+            return False
+        # by the frame's `self`: the engine's forward is wrapped by a decorator
+        if isinstance(frame.f_locals.get("self"), DeepSpeedEngine):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _dense_routes(expert_ids, gate_weights, num_experts):
