@@ -108,7 +108,12 @@ def expert_parallel_group(layer):
     later and asserts that no group was set before. Needs ``deepspeed.init_distributed()``."""
     if layer.deepspeed_moe.ep_group is not None:
         return layer.deepspeed_moe.ep_group
+    from deepspeed import comm
     from deepspeed.utils import groups
+    if not comm.is_initialized():
+        raise ValueError(f"topoep: {type(layer).__name__} has ep_size={layer.ep_size}: its "
+                         "expert-parallel group is made by DeepSpeed's comm layer; call "
+                         "deepspeed.init_distributed() before topoep.attach")
     if layer.expert_group_name not in groups._get_expert_parallel_group_dict():
         groups._create_expert_and_data_parallel(layer.ep_size)
     return groups._get_expert_parallel_group(layer.expert_group_name)
