@@ -24,6 +24,8 @@ DeepSpeed is an optional test dependency (``scripts/install.sh``); its tests ski
 seconds); each library's test reads its part.
 """
 import copy
+import gc
+import weakref
 
 import pytest
 import torch
@@ -141,7 +143,10 @@ def _ds_replicated_case(rank, world, case):
     original = copy.deepcopy(stock.state_dict())
     refs = [_ds_step(stock, xs[r], gouts[r], 1000 + r) for r in range(world)]
     wrapped = _ds_layer(1, case)
+    every_expert = [weakref.ref(ex.fc1.weight if hasattr(ex, "fc1") else ex[0].weight)
+                    for ex in wrapped.deepspeed_moe.experts.deepspeed_experts]
     wrapper = topoep.attach(wrapped, slots_per_gpu=2)
+    gc.collect()
     res = _ds_step(wrapped, xs[rank], gouts[rank], 1000 + rank)
     errs = _ds_compare(res, refs[rank], wrapped, stock, wrapper, lambda i: wrapper.owned[i],
                        reduce_dense=True)
@@ -149,6 +154,8 @@ def _ds_replicated_case(rank, world, case):
     fresh.load_state_dict(topoep.stock_state_dict(wrapped))
     errs["export"] = _state_dicts_differ(fresh.state_dict(), original)
     errs["dropped routes"] = _dropped_routes(stock, xs[rank], 1000 + rank)
+    alive = [e for e, ref in enumerate(every_expert) if ref() is not None]
+    errs["only this rank's experts alive"] = 0.0 if alive == wrapper.owned else 1.0
     return errs
 
 
@@ -320,9 +327,6 @@ def _megatron_layer(case, seed=7):
 
 def _megatron_case(rank, world, case):
     """TopoEP over the world vs the stock layer on every rank's tokens at once."""
-    import gc
-    import weakref
-
     import torch.distributed as dist
     import topoep
     xs, gouts = _batches(world)
