@@ -26,6 +26,8 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
+from . import adapters_deepspeed, megatron_style
+
 PROTOCOL_HINT = ("see topoep/adapters.py for the protocol (ExpertsSpec) and "
                  "topoep.register_adapter to add one")
 
@@ -192,7 +194,9 @@ ADAPTERS: list = [("transformers-style block (gate + experts(x, top_k_index, "
                   ("experts module with forward(x, top_k_index, top_k_weights)",
                    experts_module_spec),
                   ("router layer (router Linear, top_k, w1/b1/w2/b2 or ModuleList experts)",
-                   router_layer_spec)]
+                   router_layer_spec),
+                  (adapters_deepspeed.DESCRIPTION, adapters_deepspeed.deepspeed_moe_spec),
+                  (megatron_style.DESCRIPTION, megatron_style.megatron_style_spec)]
 
 
 def register_adapter(description: str, fn: Callable, first: bool = True) -> None:
