@@ -48,6 +48,9 @@ class ExpertsSpec:
     # where the stock model keeps the experts' tensors, relative to the module that holds
     # the wrapper once attached (checkpoint.py)
     export_prefix: str = ""
+    # gathered experts (name -> [E, ...], or "{e}.{param}") -> the stock layout, for layers
+    # that keep them otherwise (Megatron's grouped [d, E * 2f])
+    export: Callable | None = None
 
 
 def shell(module: nn.Module, drop: tuple = (), params: dict | None = None) -> nn.Module:
@@ -108,6 +111,12 @@ def one_expert_caller(experts: nn.Module) -> Callable:
         one = {k: v.unsqueeze(0) for k, v in params.items()}
         return torch.func.functional_call(template, one, (x, ids, ones))
     return fn
+
+
+def module_caller(template: nn.Module) -> Callable:
+    """``fn(x, params)`` for ModuleList experts: ``template``'s forward with ``params``."""
+    meta = copy.deepcopy(template).to("meta")
+    return lambda x, params: torch.func.functional_call(meta, params, (x,))
 
 
 def stacked_experts_spec(experts: nn.Module) -> ExpertsSpec:

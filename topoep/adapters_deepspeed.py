@@ -57,7 +57,7 @@ def is_deepspeed_moe(module) -> bool:
 
 
 def deepspeed_moe_spec(module) -> "ExpertsSpec | None":
-    from .adapters import ExpertsSpec
+    from .adapters import ExpertsSpec, module_caller
     if not is_deepspeed_moe(module):
         return None
     inner = module.deepspeed_moe
@@ -68,13 +68,13 @@ def deepspeed_moe_spec(module) -> "ExpertsSpec | None":
 
     def install(layer, wrapper):
         _check_placement_matches(layer, wrapper, ep_size, ep_rank)
-        _drop_tuple_outputs(wrapper)
         inner.experts = wrapper
         inner.forward = types.MethodType(_gate_then_topoep, inner)
 
     return ExpertsSpec(kind=f"{type(module).__name__} (DeepSpeed MoE, ep_size={ep_size}; its "
                        "gate kept, experts dispatch replaced)", num_experts=module.num_experts,
-                       modules=modules, top_k=int(inner.gate.k), install=install,
+                       modules=modules, fn=_first_output(module_caller(modules[0])),
+                       top_k=int(inner.gate.k), install=install,
                        export_prefix=_STOCK_EXPERTS)
 
 
@@ -156,15 +156,13 @@ def _all_experts_view(local: nn.ModuleList, num_experts: int, ep_size: int,
                          else shape_only for e in range(num_experts))
 
 
-def _drop_tuple_outputs(wrapper) -> None:
+def _first_output(run_expert):
     """DeepSpeed's ``Experts`` keeps the first element of a tuple-returning expert (an
-    (output, bias) pair); TopoEP's expert call returns the module's output as is."""
-    run_expert = wrapper._fn
-
-    def first_output(x, params):
+    (output, bias) pair, as Megatron-DeepSpeed's experts return)."""
+    def fn(x, params):
         out = run_expert(x, params)
         return out[0] if isinstance(out, tuple) else out
-    wrapper._fn = first_output
+    return fn
 
 
 # --------------------------------------------------------------------------- forward

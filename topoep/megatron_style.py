@@ -169,13 +169,12 @@ def megatron_style_spec(module) -> "ExpertsSpec | None":
     def install(layer, wrapper):
         layer.experts = wrapper
         layer.forward = types.MethodType(_route_then_topoep, layer)
-        wrapper.gather_experts = types.MethodType(_gather_grouped, wrapper)
 
     return ExpertsSpec(kind=f"{type(module).__name__} (Megatron-style; its router kept, "
                        "grouped experts replaced)", num_experts=num_experts,
                        fn=_one_expert_caller(experts), stacked=stacked,
                        top_k=int(module.router.topk), install=install,
-                       export_prefix="experts.")
+                       export_prefix="experts.", export=_grouped_layout)
 
 
 def _router_experts(module) -> int:
@@ -218,11 +217,9 @@ def _route_then_topoep(self, hidden_states):
     return out.reshape(hidden_states.shape), None
 
 
-def _gather_grouped(self):
+def _grouped_layout(out: dict) -> dict:
     """TopoEP gathers experts stacked [E, d, 2f] / [E, f, d]; the stock layer keeps the same
     memory as [d, E * 2f] / [E * f, d]."""
-    from .moe import TopoEPMoE
-    out = TopoEPMoE.gather_experts(self)
     d = out["weight1"].shape[1]
     out["weight1"] = out["weight1"].reshape(d, -1)
     out["weight2"] = out["weight2"].reshape(-1, d)

@@ -21,7 +21,6 @@ into the owner's parameters).
 """
 from __future__ import annotations
 
-import copy
 import math
 import warnings
 from typing import Callable
@@ -31,7 +30,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .adapters import PROTOCOL_HINT, describe
+from .adapters import PROTOCOL_HINT, describe, module_caller
 from .parallel import check_data_parallel_use
 from .planner import TopoEPPlan, TopoEPPlanner, default_placement
 from .policy import ReplacementPolicy
@@ -244,6 +243,7 @@ class TopoEPMoE(ReplacementMixin, nn.Module):
             self.router = spec.router
         self._route: Callable | None = spec.route
         self._install, self._export_prefix = spec.install, spec.export_prefix
+        self._export = spec.export
         m = self.experts_per_rank = E // self.world
         if placement is None:
             default_placement(E, self.world)  # raises if not divisible
@@ -297,8 +297,7 @@ class TopoEPMoE(ReplacementMixin, nn.Module):
             template = spec.modules[0]
             self._names = [n for n, _ in template.named_parameters()]
             self._shapes = [tuple(p.shape) for _, p in template.named_parameters()]
-            tmpl = copy.deepcopy(template).to("meta")
-            self._fn = lambda x, p: torch.func.functional_call(tmpl, p, (x,))
+            self._fn = spec.fn or module_caller(template)
         self._numel = [math.prod(s) for s in self._shapes]
         self.expert_numel = sum(self._numel)
         first = (getattr(self, self._names[0]) if self.experts is None
@@ -363,7 +362,7 @@ class TopoEPMoE(ReplacementMixin, nn.Module):
             else:
                 out.update({f"{e}.{n}": part[e].reshape(s).clone()
                             for e in range(self.num_experts)})
-        return out
+        return self._export(out) if self._export is not None else out
 
     # ------------------------------------------------------------------ forward
     def forward(self, x, top_k_index=None, top_k_weights=None):
