@@ -22,6 +22,17 @@ if need matplotlib; then $PY -m pip install -q matplotlib || true; fi   # --plot
 # The MoE models TopoEP must wrap, and the trainers that must accept the backend (tests build
 # tiny models from configs; nothing is downloaded at run time)
 if need transformers || need accelerate; then $PY -m pip install -q "transformers>=5" accelerate; fi
+# DeepSpeed's MoE layer (TopoEP's adapter tests) and its shared-memory all_reduce (bench --vs
+# deepspeed): optional, as DeepSpeed documents its CPU install; its shm op is JIT-built on first
+# use, so build it here rather than inside a test (about 2 minutes, once per machine).
+if need deepspeed; then
+  DS_BUILD_OPS=0 $PY -m pip install -q --no-build-isolation deepspeed \
+    || echo "install.sh: deepspeed did not install; its tests will skip and say why" >&2
+fi
+if ! need deepspeed; then
+  DS_ACCELERATOR=cpu $PY -c "from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder as B; B().load(verbose=False)" >/dev/null \
+    || echo "install.sh: DeepSpeed's shared-memory op did not build; bench --vs deepspeed needs it" >&2
+fi
 # Without build isolation the build uses this environment's setuptools: it needs one with
 # editable wheels (64+; Python 3.12+ venvs have none at all), and before 70.1 setuptools takes
 # bdist_wheel from the separate `wheel` package (Python 3.11's venvs ship 65.5 without it).
