@@ -7,12 +7,13 @@ Importing this package registers the "hoccl" backend name (torch also does this 
 `import torch` through the `torch.backends` entry point when hoccl is installed).
 """
 from hoccl_backend._registration import BACKEND_NAME, register
+from hoccl_backend.direct import direct_handle
 from hoccl_backend.monitored import monitored_barrier
 
 register()
 
 __all__ = ["BACKEND_NAME", "register", "load_extension", "monitored_barrier", "empty", "zeros",
-           "is_shared"]
+           "is_shared", "direct_handle"]
 __version__ = "0.1.0"
 
 

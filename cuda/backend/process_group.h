@@ -59,6 +59,9 @@ class ProcessGroupHOCCL : public c10d::Backend {
   std::vector<TransferPhase> lastAllToAllPhases() const;
   // all_to_all split matrices planned so far, and those served from the plan cache.
   std::pair<uint64_t, uint64_t> allToAllPlanCounts() const;
+  // Synchronous in-place all_reduce of a dense CPU tensor, without a c10d Work for the caller
+  // (torch.ops.hoccl.all_reduce_, direct_allreduce.cpp).
+  void allreduceNow(const at::Tensor& tensor, const c10d::ReduceOp& reduceOp);
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;

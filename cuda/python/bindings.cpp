@@ -6,6 +6,7 @@
 #include "python/cuda_bindings.h"
 #include "python/varipath_bindings.h"
 #include "plan/plan.h"
+#include "backend/direct_allreduce.h"
 #include "backend/process_group.h"
 #include "transport/shm/shared_tensor.h"
 #include "common/config.h"
@@ -42,7 +43,9 @@ PYBIND11_MODULE(_C, m) {
           },
           "[[(src, dst, bytes), ...], ...]: the phases the last all_to_all ran, its self-copy phase first")
       .def("alltoall_plan_counts", &hoccl::ProcessGroupHOCCL::allToAllPlanCounts,
-           "(split matrices planned by VarioPath, served from the plan cache) on this rank");
+           "(split matrices planned by VarioPath, served from the plan cache) on this rank")
+      .def("direct_handle", [](const c10::intrusive_ptr<hoccl::ProcessGroupHOCCL>& pg) { return hoccl::directHandle(pg); },
+           "the int that names this group in torch.ops.hoccl.all_reduce_(tensor, group, op)");
 
   m.def(
       "host_table",
