@@ -318,8 +318,25 @@ def _chained_reduce(dev):
         out["late_alias"] = "accepted"
     except ValueError as e:
         out["late_alias"] = str(e)
+    out["sixteen_bit"] = _chained_16_bit(dev, n)
     dev.free_all()
     return out
+
+
+def _chained_16_bit(dev, n):
+    """17 sources of 16-bit floats: two chained launches, which must still round once (the
+    products and sums of the first 16 sources differ from the reference when rounded to 16 bits
+    between launches). Returns (dtype, op) -> elements that differ from the reference."""
+    diff = {}
+    for dtype in (torch.float16, torch.bfloat16):
+        for op in ("product", "sum", "avg", "premul_sum"):
+            srcs = [rank_data(r, n, dtype, op) for r in range(17)]
+            ptrs = [dev.put(s) for s in srcs]
+            dst = dev.alloc(n * dtype.itemsize)
+            dev.m._ce_raw_reduce(dst, ptrs, n, torch.empty(0, dtype=dtype), op, 0.25, 17, dev.stream, 4)
+            got = dev.get(dst, n, dtype)
+            diff[(str(dtype), op)] = int((got != exact_reduce(srcs, op, 0.25)).sum())
+    return diff
 
 
 def _barrier(store, key, rank, world):
@@ -381,6 +398,13 @@ def test_chained_reduction_refuses_a_later_source_as_destination(battery):
         out = r["chained"]
         assert out["first_launch_alias"] is True
         assert "source 17 is the destination" in out["late_alias"], out
+
+
+def test_chained_16_bit_reduction_rounds_once(battery):
+    # Past HOCCL_REDUCE_MAX_SRCS sources the launcher chains launches; the running value must stay
+    # in float32 between them, as exact_reduce (one rounding at the end) expects.
+    for r in battery:
+        assert all(v == 0 for v in r["chained"]["sixteen_bit"].values()), r["chained"]["sixteen_bit"]
 
 
 # ---- failures: registration refused (as a sandbox may), IPC refused, a peer that stops -------

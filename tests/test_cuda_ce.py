@@ -42,8 +42,6 @@ def test_reduce_kernel_matches_host_semantics(dtype):
     for op in ops:
         for nsrc in (1, 3, 17):  # 17 > HOCCL_REDUCE_MAX_SRCS: chained launches
             srcs = [rank_data(r, n, dtype, op) for r in range(nsrc)]
-            if nsrc > 16 and dtype in (torch.float16, torch.bfloat16) and op in ("sum", "avg", "premul_sum"):
-                continue  # chaining rounds the running sum once more than the host does
             dst = torch.empty(n, dtype=dtype, device="cuda")
             gpu_srcs = [s.cuda() for s in srcs]
             m._ce_reduce(dst, gpu_srcs, op, 0.25, nsrc, torch.cuda.current_stream().cuda_stream, 4)

@@ -2,7 +2,11 @@
 // check's spin kernel, found by name and run on the stream's thread from their argument struct
 // (transport/ce/kernels/reduce_args.h, spin_args.h), each holding SM slots (sms.cpp) while it
 // runs. The arithmetic follows reduce.cu: rank order, 16-bit floats accumulate in float and round
-// once to nearest even, AVG/PREMUL_SUM scale after rounding to the element type.
+// once to nearest even (a chained launch starts from, or leaves, the float running value in
+// args.acc), AVG/PREMUL_SUM scale after rounding to the element type. Each function has the
+// attributes a driver reads from its image: the __launch_bounds__ the kernels are compiled with
+// (a larger block fails to launch) and HOCCL_MODEL_KERNEL_REGS registers per thread, which with
+// the thread and block slots decide how many blocks an SM holds (sms.cpp).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -132,11 +136,17 @@ template <typename T>
 void reduce(const HocclReduceArgs& a) {
   using A = typename Acc<T>::type;
   for (long long i = 0; i < a.count; ++i) {
-    A acc = Acc<T>::in(static_cast<const T*>(a.src[0])[i]);
-    for (int k = 1; k < a.nsrc; ++k) acc = combine<A>(acc, Acc<T>::in(static_cast<const T*>(a.src[k])[i]), a.op);
-    static_cast<T*>(a.dst)[i] = scale<T>(Acc<T>::out(acc), a);
+    int k = 0;
+    A acc = (a.accMode & HOCCL_ACC_LOAD) ? static_cast<const A*>(a.acc)[i]
+                                         : Acc<T>::in(static_cast<const T*>(a.src[k++])[i]);
+    for (; k < a.nsrc; ++k) acc = combine<A>(acc, Acc<T>::in(static_cast<const T*>(a.src[k])[i]), a.op);
+    if (a.accMode & HOCCL_ACC_STORE) static_cast<A*>(a.acc)[i] = acc;
+    else static_cast<T*>(a.dst)[i] = scale<T>(Acc<T>::out(acc), a);
   }
 }
+
+// Bytes of one accumulator element: float for the 16-bit types, the element itself otherwise.
+size_t accSize(DType t) { return t == DType::Half || t == DType::BFloat16 ? 4 : 0; }
 
 size_t elementSize(DType t) {
   switch (t) {
@@ -227,6 +237,9 @@ CUresult launchReduce(DType t, int blocks, int threads, CUstream s, void** param
     const size_t bytes = static_cast<size_t>(a.count) * elementSize(t);
     // A kernel touching memory the device cannot address faults the context.
     if (!isDevice(reinterpret_cast<CUdeviceptr>(a.dst), bytes)) fault("reduction kernel writes a non-device address");
+    const size_t accBytes = static_cast<size_t>(a.count) * (accSize(t) ? accSize(t) : elementSize(t));
+    if (a.accMode && !isDevice(reinterpret_cast<CUdeviceptr>(a.acc), accBytes))
+      fault("reduction kernel touches a non-device address (running values)");
     for (int k = 0; k < a.nsrc; ++k)
       if (!isDevice(reinterpret_cast<CUdeviceptr>(a.src[k]), bytes))
         fault("reduction kernel reads a non-device address (source " + std::to_string(k) + ")");
