@@ -93,6 +93,7 @@ py::dict driverStatus() {
   d["header_version"] = CUDA_VERSION;
   d["device_count"] = count;
   d["batch_memcpy"] = api.cuMemcpyBatchAsync != nullptr;
+  d["dlsym_fallbacks"] = api.dlsymFallbacks;
   // Whether p2p copies carry the copy-engine hint; a hint proves nothing (see sm_check).
   d["prefer_overlap_hint"] = api.cuMemcpyBatchAsync != nullptr && api.driverVersion >= kSameDeviceCeDriverVersion;
 #endif

@@ -30,6 +30,7 @@ enum class Kind { Reduce, Spin };
 struct Function {
   Kind kind;
   DType dtype;  // Reduce only
+  int maxThreads;  // the kernel's __launch_bounds__
 };
 
 constexpr const char* kSpinName = "hoccl_spin_until_flag";
@@ -279,12 +280,12 @@ CUresult cuModuleUnload(CUmodule module) {
 CUresult cuModuleGetFunction(CUfunction* f, CUmodule module, const char* name) {
   if (!f || !module || !name) return CUDA_ERROR_INVALID_VALUE;
   if (std::string(name) == kSpinName) {
-    *f = reinterpret_cast<CUfunction>(new Function{Kind::Spin, DType::Float});
+    *f = reinterpret_cast<CUfunction>(new Function{Kind::Spin, DType::Float, HOCCL_SPIN_MAX_THREADS});
     return CUDA_SUCCESS;
   }
   DType t;
   if (!dtypeNamed(name, &t)) return CUDA_ERROR_NOT_FOUND;
-  *f = reinterpret_cast<CUfunction>(new Function{Kind::Reduce, t});
+  *f = reinterpret_cast<CUfunction>(new Function{Kind::Reduce, t, HOCCL_REDUCE_MAX_THREADS});
   return CUDA_SUCCESS;
 }
 
@@ -297,6 +298,9 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
   const Function* fn = reinterpret_cast<Function*>(f);
   const int blocks = static_cast<int>(gx * gy * gz);
   const int threads = static_cast<int>(bx * by * bz);
+  // More threads than the function allows (its __launch_bounds__, or what its registers leave):
+  // "the kernel launch specifies too many threads for the kernel's register count" (cuda.h).
+  if (threads > fn->maxThreads || blocksPerSm(threads) < 1) return CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES;
   if (fn->kind == Kind::Spin) return launchSpin(blocks, threads, s, params);
   return launchReduce(fn->dtype, blocks, threads, s, params);
 }
@@ -304,8 +308,10 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
 CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int* numBlocks, CUfunction f, int blockSize, size_t smem) {
   if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
   if (!numBlocks || !f || blockSize < 1 || blockSize > kThreadsPerBlock || smem != 0) return CUDA_ERROR_INVALID_VALUE;
-  // The model's kernels use no shared memory and few registers: thread and block slots decide.
-  *numBlocks = std::min(kBlocksPerSm, kThreadsPerSm / blockSize);
+  // The kernels use no shared memory: thread, block and register slots decide; a block larger
+  // than the function can launch is never resident.
+  const Function* fn = reinterpret_cast<Function*>(f);
+  *numBlocks = blockSize > fn->maxThreads ? 0 : blocksPerSm(blockSize);
   return CUDA_SUCCESS;
 }
 
