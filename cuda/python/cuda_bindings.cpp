@@ -265,6 +265,7 @@ void bindCuda(py::module& m) {
         py::dict d;
         d["image_bytes"] = reduceKernelImageBytes();
         d["available"] = reduceKernelImageBytes() > 0;
+        d["spin_image_bytes"] = spinKernelImageBytes();  // sm_free's kernel, embedded alongside
         d["max_ctas"] = reduceCtasFromEnv();
         d["threads_per_cta"] = kReduceThreads;
         d["reduce_on"] = reduceOnName(reduceOnFromEnv());
