@@ -175,8 +175,8 @@ if [ "$MODE" = dry ]; then log "dry run: stopping after the first CUDA call"; fi
 if [ "$CALL" = 1 ]; then
   stage "probe (register, stream_flag, ipc_copy)" 25 python3 scripts/gpu_checks.py probe --deadline 5
   # Worst case inside, every wait timing out: warm-up 5.5 s, 3 s to fill the SMs, 5 copies x 0.5 s,
-  # a 5 s drain, plus the start; normally a few seconds.
-  stage "sm_free (copies while a kernel fills every SM)" 15 python3 scripts/gpu_checks.py sm_free \
+  # a 5 s drain, plus the start (~16 s and the import); normally a few seconds.
+  stage "sm_free (copies while a kernel fills every SM)" 20 python3 scripts/gpu_checks.py sm_free \
     --start-deadline 3 --copy-deadline 0.5 --json "$DIR/sm_free.json"
   # Only the in-process checks: CI runs the whole file, and its subprocess-heavy tests do not fit.
   pytest_stage "cpu-side checks" 15 12 tests/test_cuda_build.py -k "compiled_in or path_choice or names_libcuda"
