@@ -438,8 +438,13 @@ def main(argv=None) -> int:
     paths = [p for p in args.paths.split(",") if p] or [os.environ.get("HOCCL_CE_PATH", "auto")]
     failed = 0
     for p in paths:  # each path in fresh ranks: HOCCL_CE_PATH is read when a group is made
-        res = run_ranks(_rank_bandwidth, args.world, args.mbytes, timeout=ranks_timeout(240) / len(paths),
-                        env={"HOCCL_CE_PATH": p})
+        try:
+            res = run_ranks(_rank_bandwidth, args.world, args.mbytes, timeout=ranks_timeout(240) / len(paths),
+                            env={"HOCCL_CE_PATH": p})
+        except (AssertionError, RuntimeError, TimeoutError) as e:  # a failed path must not hide the next
+            print(f"FAIL bandwidth path={p}: {type(e).__name__}: {e}", flush=True)
+            failed += 1
+            continue
         failed += _verdict(f"bandwidth path={p}", res)
     return 1 if failed else 0
 
