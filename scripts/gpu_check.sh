@@ -168,7 +168,7 @@ elif [ "$CALL" = 2 ] && [ "$MODE" = run ] && ! built_from_this_tree; then
   log "the extension is missing or older than this tree (a bare machine, or a change since call 1): building it"
   build
 fi
-[ "$MODE" = plan ] && [ "$CALL" = 2 ] && echo "conditional $BUILD_S $KILL_AFTER_S build (only on a bare machine)"
+[ "$MODE" = plan ] && [ "$CALL" = 2 ] && echo "conditional $BUILD_S $KILL_AFTER_S build (only on a bare machine or a changed tree)"
 if [ "$CALL" = 1 ]; then gate 15; driver 15; else gate 10; driver 10; fi
 if [ "$MODE" = dry ]; then log "dry run: stopping after the first CUDA call"; finish; fi
 
