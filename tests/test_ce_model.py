@@ -478,3 +478,34 @@ def test_a_stopped_peer_is_reported_not_hung_on(failures):
     assert "rank 0" in host and "BARRIER from rank 1: the stream waits for >= 1, the flag holds 0" in host, host
     # P2P path: the host waits for the peer's buffer announcement.
     assert "rank 1 did not announce its buffer" in p2p, p2p
+
+
+# ---- past HOCCL_REDUCE_MAX_SRCS ranks: the plan executor chains reduction launches -------------
+
+def _rank_wide_16_bit(rank, world):
+    """all_reduce of 16-bit floats with GPU reductions on both paths, one slot and past it (the
+    host path then reduce-scatters into slots): every reduction has `world` sources, so the
+    executor chains launches and must carry the running value in float between them."""
+    store = _store(rank, world)
+    dev = Dev()
+    bad = []
+    for path in ("host", "p2p"):
+        g = _group(store, "wide_" + path, rank, world, path=path, reduce_on="gpu")
+        for dtype in (torch.float16, torch.bfloat16):
+            for n in (7, world * (SLOT // 2) + 5):
+                for op in ("sum", "product"):
+                    b = dev.put(rank_data(rank, n, dtype, op))
+                    g.all_reduce_raw(b, n, torch.empty(0, dtype=dtype), op, 1.0, dev.stream)
+                    want = exact_reduce([rank_data(r, n, dtype, op) for r in range(world)], op)
+                    got = dev.get(b, n, dtype)
+                    if not torch.equal(got, want):
+                        bad.append((path, str(dtype), n, op, int((got != want).sum())))
+        _barrier(store, "wide_done_" + path, rank, world)
+        del g
+    dev.free_all()
+    return bad
+
+
+def test_16_bit_all_reduce_past_16_ranks_rounds_once(model):
+    res = run_ranks(_rank_wide_16_bit, 17, backend=None, timeout=400, env=_env(model))
+    assert all(not bad for bad in res), [bad for bad in res if bad][:3]
