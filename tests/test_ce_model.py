@@ -503,6 +503,10 @@ def _rank_wide_16_bit(rank, world):
         _barrier(store, "wide_done_" + path, rank, world)
         del g
     dev.free_all()
+    # Rank 0 serves the Store: it leaves last, or a slower rank's last wait finds it gone.
+    store.set(f"wide_exit/{rank}", "1")
+    if rank == 0:
+        store.wait([f"wide_exit/{r}" for r in range(world)])
     return bad
 
 
