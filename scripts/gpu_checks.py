@@ -4,7 +4,8 @@
     python3 scripts/gpu_checks.py probe                   # what the runtime allows, item by item
     python3 scripts/gpu_checks.py sm_free   [--device 0]  # copies finish while a kernel fills every SM
     python3 scripts/gpu_checks.py profile   [--world 2]   # zero kernels in the torch profiler
-    python3 scripts/gpu_checks.py bandwidth [--world 2]   # copy-engine path vs raw cudaMemcpyAsync
+    python3 scripts/gpu_checks.py bandwidth [--world 2] [--paths host,p2p]  # vs the same copies, raw
+    python3 scripts/gpu_checks.py machine                 # commit, machine, driver, torch (the log header)
 
 `probe` needs no CUDA build of torch: it drives hoccl's own driver table (raw-pointer hooks), so
 it runs against the CPU driver model too (HOCCL_LIBCUDA). Each item runs in 2 real processes under
@@ -27,7 +28,9 @@ the SMs could not be filled, or on any CUDA error; 3 without a driver.
 Collectives go through torch.distributed (backend "hoccl") when the core accepts CUDA tensors,
 else through the cuda-ce reference collectives (_C _CeGroup: all_gather, all_to_all,
 broadcast, all_reduce), and the
-output says which. Exit status 0 only if every check passed.
+output says which. Ranks print each verdict line (flushed) the moment it is known, so a check cut
+short by its stage's limit keeps the lines it had; the spawned ranks get the stage's limit
+(HOCCL_STAGE_LIMIT_S, set by gpu_check.sh) minus a margin. Exit status 0 only if every check passed.
 """
 from __future__ import annotations
 
@@ -40,6 +43,19 @@ import tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 
 UNROUTED = "moves CPU tensors only"
+STAMP = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gpu_check_commit.txt")
+
+
+def say(lines: list, line: str) -> None:
+    """Prints one verdict line now (a later hang must not lose it) and keeps it for the caller."""
+    print(line, flush=True)
+    lines.append(line)
+
+
+def ranks_timeout(fallback: float) -> float:
+    """Seconds the spawned ranks may take: the stage's limit less 5 s for reporting, else fallback."""
+    limit = os.environ.get("HOCCL_STAGE_LIMIT_S")
+    return max(5.0, float(limit) - 5.0) if limit else fallback
 ZERO_SM_OPS = ("all_gather", "all_to_all", "broadcast")
 
 
@@ -108,7 +124,8 @@ def _rank_profile(rank, world):
     torch.cuda.set_device(dev)
     ops, route, _ = _ops(rank, world, dev, 8 << 20)
     max_ctas = int(os.environ.get("HOCCL_REDUCE_CTAS", "4"))
-    lines = [f"rank {rank}: route: {route}; reduce: {cuda_ext.cuda_module().reduce_kernel_info()}"]
+    lines = []
+    say(lines, f"rank {rank}: route: {route}; reduce: {cuda_ext.cuda_module().reduce_kernel_info()}")
     ok = True
     for name, fn in ops.items():
         fn()  # warm-up: registration, module load
@@ -132,7 +149,7 @@ def _rank_profile(rank, world):
         note = f"; memcpys {sorted(set(map(str, copies)))}"
         if same_dev_d2d:
             note += " (DtoD on one device may run on SMs whatever the profiler says: see sm_free)"
-        lines.append(f"rank {rank}: {'PASS' if good else 'FAIL'} {name}: {why}{note}")
+        say(lines, f"rank {rank}: {'PASS' if good else 'FAIL'} {name}: {why}{note}")
         ok = ok and good
     return ok, lines
 
@@ -162,14 +179,18 @@ def _rank_bandwidth(rank, world, mbytes):
 
     blocks = out.view(world, -1)
     if path == "host":
-        pinned = torch.empty(inp.numel(), dtype=inp.dtype, pin_memory=True)
+        bounce = torch.empty(inp.numel(), dtype=inp.dtype, pin_memory=True)
+        slot = torch.empty(inp.numel(), dtype=inp.dtype, pin_memory=True)
 
-        def raw():  # the copies the host path makes: one D2H, world H2D (cudaMemcpyAsync)
-            pinned.copy_(inp, non_blocking=True)
+        def raw():  # the host plan's copies, without its barriers: the own block D2H + H2D through
+            bounce.copy_(inp, non_blocking=True)  # the bounce buffer, one D2H into the staging
+            blocks[rank].copy_(bounce, non_blocking=True)  # slot, and an H2D per peer out of
+            slot.copy_(inp, non_blocking=True)  # a slot (here: the own one)
             for r in range(world):
-                blocks[r].copy_(pinned, non_blocking=True)
+                if r != rank:
+                    blocks[r].copy_(slot, non_blocking=True)
     else:
-        def raw():  # the copies the p2p path makes: world D2D of one block
+        def raw():  # the p2p plan's copies: world D2D of one block
             for r in range(world):
                 blocks[r].copy_(inp, non_blocking=True)
 
@@ -178,9 +199,11 @@ def _rank_bandwidth(rank, world, mbytes):
     ratio = t_raw / t_hoccl
     gbps = world * nbytes / t_hoccl / 1e9
     good = ratio >= 0.9
-    return good, [f"rank {rank}: {'PASS' if good else 'FAIL'} all_gather path={path} {mbytes:g} MiB/rank: "
-                  f"hoccl {t_hoccl * 1e3:.2f} ms ({gbps:.1f} GB/s into out), raw cudaMemcpyAsync "
-                  f"{t_raw * 1e3:.2f} ms, ratio {ratio:.2f} (floor 0.90); route {route}"]
+    lines = []
+    say(lines, f"rank {rank}: {'PASS' if good else 'FAIL'} all_gather path={path} {mbytes:g} MiB/rank: "
+               f"hoccl {t_hoccl * 1e3:.2f} ms ({gbps:.1f} GB/s into out), the same copies raw (cudaMemcpyAsync) "
+               f"{t_raw * 1e3:.2f} ms, ratio {ratio:.2f} (floor 0.90); route {route}")
+    return good, lines
 
 
 def _probe_item(name, fn):
@@ -233,11 +256,12 @@ def _rank_probe(rank, world, deadline_s):
                                    timeout_ms=timeout_ms)
         return gather("p2p")
 
-    lines = [f"rank {rank}: driver {m.cuda_driver_status()}"]
-    lines.append(f"rank {rank}: " + _probe_item("register", register))
+    lines = []
+    say(lines, f"rank {rank}: driver {m.cuda_driver_status()}")
+    say(lines, f"rank {rank}: " + _probe_item("register", register))
     if "host" in groups:
-        lines.append(f"rank {rank}: " + _probe_item("stream_flag", lambda: gather("host")))
-    lines.append(f"rank {rank}: " + _probe_item("ipc_copy", ipc))
+        say(lines, f"rank {rank}: " + _probe_item("stream_flag", lambda: gather("host")))
+    say(lines, f"rank {rank}: " + _probe_item("ipc_copy", ipc))
     return all(ln.split(": ", 1)[1].startswith("OK") for ln in lines[1:]), lines
 
 
@@ -249,10 +273,15 @@ def probe(deadline_s: float) -> int:
     if err:
         print(f"FAIL driver: {err}")
         return 3
-    res = run_ranks(_rank_probe, 2, deadline_s, backend=None, timeout=deadline_s * 4 + 30)
-    for _, lines in res:
-        print("\n".join(lines))
-    return 0 if all(ok for ok, _ in res) else 1
+    res = run_ranks(_rank_probe, 2, deadline_s, backend=None, timeout=ranks_timeout(deadline_s * 4 + 30))
+    return _verdict("probe", res)
+
+
+def _verdict(check: str, res) -> int:
+    """The ranks printed their lines as they went; this is the one line for the whole check."""
+    ok = all(good for good, _ in res)
+    print(f"{'PASS' if ok else 'FAIL'} {check}: {sum(good for good, _ in res)}/{len(res)} ranks passed", flush=True)
+    return 0 if ok else 1
 
 
 # The copies each path issues, by sm_check direction. p2p's D2D into another GPU's buffer is not
@@ -310,13 +339,73 @@ def sm_free(device: int, mbytes: float, start_s: float, copy_s: float, json_path
     return 0 if ok else 1
 
 
-def main(argv=None) -> int:
-    import torch
+def _commit() -> str:
+    """The commit under test: HOCCL_COMMIT, else git, else (the copy sent to the GPU machine has
+    no .git) the stamp `gpu_check.sh --stamp` wrote before sending."""
+    import subprocess
 
-    from dist_utils import run_ranks
+    if os.environ.get("HOCCL_COMMIT"):
+        return os.environ["HOCCL_COMMIT"] + " (HOCCL_COMMIT)"
+    try:
+        r = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                           cwd=os.path.dirname(STAMP))
+        if r.returncode == 0:
+            return r.stdout.strip() + " (git)"
+    except (OSError, subprocess.SubprocessError):
+        pass
+    if os.path.exists(STAMP):
+        with open(STAMP) as f:
+            return "; ".join(f.read().split("\n")).strip("; ") + " (stamp)"
+    return "UNKNOWN: run `bash scripts/gpu_check.sh --stamp` before sending, or set HOCCL_COMMIT"
 
+
+def _command(cmd: list[str]) -> str:
+    import subprocess
+
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=8)
+        return (r.stdout.strip() or r.stderr.strip()).replace("\n", " | ")
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"unavailable ({type(e).__name__}: {e})"
+
+
+def machine() -> int:
+    """The log's header: what the results belong to. Imports no torch (the gates do)."""
+    import importlib.metadata as md
+    import platform
+    import socket
+    import time
+
+    def version(pkg):
+        try:
+            return md.version(pkg)
+        except md.PackageNotFoundError:
+            return "absent"
+
+    rows = [
+        ("commit", _commit()),
+        ("date", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())),
+        ("host", socket.gethostname()),
+        ("nproc", f"{len(os.sched_getaffinity(0))} usable of {os.cpu_count()}"),
+        ("kernel (uname -r)", platform.release()),
+        ("gpu, driver", _command(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,compute_mode",
+                                  "--format=csv,noheader"])),
+        ("nvcc", _command(["nvcc", "--version"]).split(" | ")[-1]),
+        ("python", platform.python_version()),
+        ("torch", version("torch")),
+        ("pytest-timeout", version("pytest-timeout")),
+        ("ninja", version("ninja")),
+    ]
+    rows += [(k, os.environ.get(k, "unset")) for k in ("CUDA_VISIBLE_DEVICES", "PYTORCH_CUDA_ALLOC_CONF",
+                                                       "PYTORCH_ALLOC_CONF", "HOCCL_LIBCUDA")]
+    for k, v in rows:
+        print(f"{k}: {v}", flush=True)
+    return 0
+
+
+def _parse(argv):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("check", choices=["probe", "sm_free", "profile", "bandwidth"])
+    ap.add_argument("check", choices=["probe", "sm_free", "profile", "bandwidth", "machine"])
     ap.add_argument("--deadline", type=float, default=10.0, help="probe: seconds per wait")
     ap.add_argument("--device", type=int, default=0, help="sm_free: the GPU")
     ap.add_argument("--copy-mbytes", type=float, default=32.0, help="sm_free: MiB per copy")
@@ -325,21 +414,39 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None, help="sm_free: also write the report here")
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--mbytes", type=float, default=256.0)
-    args = ap.parse_args(argv)
+    ap.add_argument("--paths", default="", help="bandwidth: HOCCL_CE_PATH values to run in turn (default: as set)")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = _parse(argv)
+    if args.check == "machine":
+        return machine()
     if args.check == "probe":
         return probe(args.deadline)
     if args.check == "sm_free":
         return sm_free(args.device, args.copy_mbytes, args.start_deadline, args.copy_deadline, args.json)
+    import torch
+
+    from dist_utils import run_ranks
+
     if not torch.cuda.is_available():
         print("SKIP: no CUDA device", file=sys.stderr)
         return 2
     if args.check == "profile":
-        res = run_ranks(_rank_profile, args.world, timeout=240)
-    else:
-        res = run_ranks(_rank_bandwidth, args.world, args.mbytes, timeout=240)
-    for _, lines in res:
-        print("\n".join(lines))
-    return 0 if all(ok for ok, _ in res) else 1
+        return _verdict("profile", run_ranks(_rank_profile, args.world, timeout=ranks_timeout(240)))
+    paths = [p for p in args.paths.split(",") if p] or [os.environ.get("HOCCL_CE_PATH", "auto")]
+    failed = 0
+    for p in paths:  # each path in fresh ranks: HOCCL_CE_PATH is read when a group is made
+        try:
+            res = run_ranks(_rank_bandwidth, args.world, args.mbytes, timeout=ranks_timeout(240) / len(paths),
+                            env={"HOCCL_CE_PATH": p})
+        except (AssertionError, RuntimeError, TimeoutError) as e:  # a failed path must not hide the next
+            print(f"FAIL bandwidth path={p}: {type(e).__name__}: {e}", flush=True)
+            failed += 1
+            continue
+        failed += _verdict(f"bandwidth path={p}", res)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

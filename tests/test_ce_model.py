@@ -318,8 +318,25 @@ def _chained_reduce(dev):
         out["late_alias"] = "accepted"
     except ValueError as e:
         out["late_alias"] = str(e)
+    out["sixteen_bit"] = _chained_16_bit(dev, n)
     dev.free_all()
     return out
+
+
+def _chained_16_bit(dev, n):
+    """17 sources of 16-bit floats: two chained launches, which must still round once (the
+    products and sums of the first 16 sources differ from the reference when rounded to 16 bits
+    between launches). Returns (dtype, op) -> elements that differ from the reference."""
+    diff = {}
+    for dtype in (torch.float16, torch.bfloat16):
+        for op in ("product", "sum", "avg", "premul_sum"):
+            srcs = [rank_data(r, n, dtype, op) for r in range(17)]
+            ptrs = [dev.put(s) for s in srcs]
+            dst = dev.alloc(n * dtype.itemsize)
+            dev.m._ce_raw_reduce(dst, ptrs, n, torch.empty(0, dtype=dtype), op, 0.25, 17, dev.stream, 4)
+            got = dev.get(dst, n, dtype)
+            diff[(str(dtype), op)] = int((got != exact_reduce(srcs, op, 0.25)).sum())
+    return diff
 
 
 def _barrier(store, key, rank, world):
@@ -381,6 +398,13 @@ def test_chained_reduction_refuses_a_later_source_as_destination(battery):
         out = r["chained"]
         assert out["first_launch_alias"] is True
         assert "source 17 is the destination" in out["late_alias"], out
+
+
+def test_chained_16_bit_reduction_rounds_once(battery):
+    # Past HOCCL_REDUCE_MAX_SRCS sources the launcher chains launches; the running value must stay
+    # in float32 between them, as exact_reduce (one rounding at the end) expects.
+    for r in battery:
+        assert all(v == 0 for v in r["chained"]["sixteen_bit"].values()), r["chained"]["sixteen_bit"]
 
 
 # ---- failures: registration refused (as a sandbox may), IPC refused, a peer that stops -------
@@ -454,3 +478,38 @@ def test_a_stopped_peer_is_reported_not_hung_on(failures):
     assert "rank 0" in host and "BARRIER from rank 1: the stream waits for >= 1, the flag holds 0" in host, host
     # P2P path: the host waits for the peer's buffer announcement.
     assert "rank 1 did not announce its buffer" in p2p, p2p
+
+
+# ---- past HOCCL_REDUCE_MAX_SRCS ranks: the plan executor chains reduction launches -------------
+
+def _rank_wide_16_bit(rank, world):
+    """all_reduce of 16-bit floats with GPU reductions on both paths, one slot and past it (the
+    host path then reduce-scatters into slots): every reduction has `world` sources, so the
+    executor chains launches and must carry the running value in float between them."""
+    store = _store(rank, world)
+    dev = Dev()
+    bad = []
+    for path in ("host", "p2p"):
+        g = _group(store, "wide_" + path, rank, world, path=path, reduce_on="gpu")
+        for dtype in (torch.float16, torch.bfloat16):
+            for n in (7, world * (SLOT // 2) + 5):
+                for op in ("sum", "product"):
+                    b = dev.put(rank_data(rank, n, dtype, op))
+                    g.all_reduce_raw(b, n, torch.empty(0, dtype=dtype), op, 1.0, dev.stream)
+                    want = exact_reduce([rank_data(r, n, dtype, op) for r in range(world)], op)
+                    got = dev.get(b, n, dtype)
+                    if not torch.equal(got, want):
+                        bad.append((path, str(dtype), n, op, int((got != want).sum())))
+        _barrier(store, "wide_done_" + path, rank, world)
+        del g
+    dev.free_all()
+    # Rank 0 serves the Store: it leaves last, or a slower rank's last wait finds it gone.
+    store.set(f"wide_exit/{rank}", "1")
+    if rank == 0:
+        store.wait([f"wide_exit/{r}" for r in range(world)])
+    return bad
+
+
+def test_16_bit_all_reduce_past_16_ranks_rounds_once(model):
+    res = run_ranks(_rank_wide_16_bit, 17, backend=None, timeout=400, env=_env(model))
+    assert all(not bad for bad in res), [bad for bad in res if bad][:3]

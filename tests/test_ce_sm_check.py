@@ -116,3 +116,14 @@ def test_without_a_driver_the_check_fails_at_once(tmp_path):
     r = subprocess.run([sys.executable, SCRIPT, "sm_free"], capture_output=True, text=True, timeout=120, env=env,
                        cwd=ROOT)
     assert r.returncode == 3 and "FAIL driver" in r.stdout and "/nonexistent/libcuda.so.1" in r.stdout, r.stdout
+
+
+def test_the_spinners_occupancy_comes_from_its_registers(tmp_path, model):
+    """At 64 registers per thread one block of 1024 takes all of an SM's registers: the occupancy
+    answer is 1 block per SM, half the thread slots stay free, and the check says it could not
+    fill the SMs (it cannot prove a copy needed none), never a pass. nvcc gives the real spin
+    kernel 15 registers on sm_90, so on a GPU thread slots decide."""
+    rc, rep, out = _sm_free(tmp_path, model, HOCCL_MODEL_KERNEL_REGS=64)
+    assert (rep["threads_per_block"], rep["blocks_per_sm"], rep["blocks"]) == (1024, 1, 132), out
+    assert rep["blocks_resident"] == 132 and not rep["sms_full"], out
+    assert rc == 1 and any("SMs not full" in e for e in rep["errors"]), out

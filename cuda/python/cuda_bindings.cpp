@@ -3,6 +3,7 @@
 // (_ce_raw_*, _CeGroup.*_raw) that need no CUDA build of torch: device memory, streams and
 // copies go through the dlopen'ed driver, so the same tests run on a GPU and on a CPU model of
 // the driver (HOCCL_LIBCUDA). The core registers them with one call, bindCuda(m).
+#include <ATen/ops/empty.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -92,6 +93,7 @@ py::dict driverStatus() {
   d["header_version"] = CUDA_VERSION;
   d["device_count"] = count;
   d["batch_memcpy"] = api.cuMemcpyBatchAsync != nullptr;
+  d["dlsym_fallbacks"] = api.dlsymFallbacks;
   // Whether p2p copies carry the copy-engine hint; a hint proves nothing (see sm_check).
   d["prefer_overlap_hint"] = api.cuMemcpyBatchAsync != nullptr && api.driverVersion >= kSameDeviceCeDriverVersion;
 #endif
@@ -167,7 +169,11 @@ void rawReduce(uint64_t dst, const std::vector<uint64_t>& srcs, int64_t count, c
   py::gil_scoped_release nogil;
   cu::ContextGuard guard(device);
   ReduceKernel k(device, ctas);
-  k.launch(asStream(stream), dst, ptrs, count, like.scalar_type(), r, factor, world, true);
+  const size_t scratchBytes = reduceScratchBytes(like.scalar_type(), ptrs.size(), count);
+  std::unique_ptr<DeviceBuffer> scratch;  // freed after the sync below
+  if (scratchBytes) scratch = std::make_unique<DeviceBuffer>(scratchBytes, device);
+  k.launch(asStream(stream), dst, ptrs, count, like.scalar_type(), r, factor, world, true,
+           scratch ? scratch->ptr() : 0);
   cu::check(cu::driver().cuStreamSynchronize(asStream(stream)), "cuStreamSynchronize");
 }
 
@@ -220,7 +226,15 @@ void ceReduce(const at::Tensor& dst, const std::vector<at::Tensor>& srcs, const 
   thread_local std::map<std::pair<int, int>, std::unique_ptr<ReduceKernel>> kernels;  // (device, ctas)
   auto& k = kernels[{device, ctas}];
   if (!k) k = std::make_unique<ReduceKernel>(device, ctas);
-  k->launch(asStream(stream), ptrOf(dst), ptrs, dst.numel(), dst.scalar_type(), r, factor, world, true);
+  const size_t scratchBytes = reduceScratchBytes(dst.scalar_type(), ptrs.size(), dst.numel());
+  if (!scratchBytes) {
+    k->launch(asStream(stream), ptrOf(dst), ptrs, dst.numel(), dst.scalar_type(), r, factor, world, true);
+    return;
+  }
+  // Torch's allocator does not know `stream`: keep the scratch until the launches are done.
+  at::Tensor scratch = at::empty({dst.numel()}, dst.options().dtype(at::kFloat));
+  k->launch(asStream(stream), ptrOf(dst), ptrs, dst.numel(), dst.scalar_type(), r, factor, world, true, ptrOf(scratch));
+  cu::check(cu::driver().cuStreamSynchronize(asStream(stream)), "cuStreamSynchronize");
 }
 #endif
 
@@ -251,6 +265,7 @@ void bindCuda(py::module& m) {
         py::dict d;
         d["image_bytes"] = reduceKernelImageBytes();
         d["available"] = reduceKernelImageBytes() > 0;
+        d["spin_image_bytes"] = spinKernelImageBytes();  // sm_free's kernel, embedded alongside
         d["max_ctas"] = reduceCtasFromEnv();
         d["threads_per_cta"] = kReduceThreads;
         d["reduce_on"] = reduceOnName(reduceOnFromEnv());

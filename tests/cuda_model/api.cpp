@@ -243,6 +243,16 @@ CUresult cuCtxGetDevice(CUdevice* dev) {
   return CUDA_SUCCESS;
 }
 
+// CUDA 13.0's second ABI of cuCtxGetDevice (what cuGetProcAddress returns for it at 13000): the
+// device of `ctx`, or of the current context when ctx is NULL.
+CUresult cuCtxGetDevice_v2(CUdevice* dev, CUcontext ctx) {
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!dev) return CUDA_ERROR_INVALID_VALUE;
+  if (!ctx && !hasCurrentContext()) return CUDA_ERROR_INVALID_CONTEXT;
+  *dev = reinterpret_cast<Context*>(ctx ? ctx : contextStack.back())->device;
+  return CUDA_SUCCESS;
+}
+
 // Test control: the value of a model counter (0 when never touched).
 long long hoccl_model_counter(const char* name) {
   std::lock_guard<std::mutex> lock(counterMu);

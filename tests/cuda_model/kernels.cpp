@@ -2,7 +2,11 @@
 // check's spin kernel, found by name and run on the stream's thread from their argument struct
 // (transport/ce/kernels/reduce_args.h, spin_args.h), each holding SM slots (sms.cpp) while it
 // runs. The arithmetic follows reduce.cu: rank order, 16-bit floats accumulate in float and round
-// once to nearest even, AVG/PREMUL_SUM scale after rounding to the element type.
+// once to nearest even (a chained launch starts from, or leaves, the float running value in
+// args.acc), AVG/PREMUL_SUM scale after rounding to the element type. Each function has the
+// attributes a driver reads from its image: the __launch_bounds__ the kernels are compiled with
+// (a larger block fails to launch) and HOCCL_MODEL_KERNEL_REGS registers per thread, which with
+// the thread and block slots decide how many blocks an SM holds (sms.cpp).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -26,6 +30,7 @@ enum class Kind { Reduce, Spin };
 struct Function {
   Kind kind;
   DType dtype;  // Reduce only
+  int maxThreads;  // the kernel's __launch_bounds__
 };
 
 constexpr const char* kSpinName = "hoccl_spin_until_flag";
@@ -132,11 +137,17 @@ template <typename T>
 void reduce(const HocclReduceArgs& a) {
   using A = typename Acc<T>::type;
   for (long long i = 0; i < a.count; ++i) {
-    A acc = Acc<T>::in(static_cast<const T*>(a.src[0])[i]);
-    for (int k = 1; k < a.nsrc; ++k) acc = combine<A>(acc, Acc<T>::in(static_cast<const T*>(a.src[k])[i]), a.op);
-    static_cast<T*>(a.dst)[i] = scale<T>(Acc<T>::out(acc), a);
+    int k = 0;
+    A acc = (a.accMode & HOCCL_ACC_LOAD) ? static_cast<const A*>(a.acc)[i]
+                                         : Acc<T>::in(static_cast<const T*>(a.src[k++])[i]);
+    for (; k < a.nsrc; ++k) acc = combine<A>(acc, Acc<T>::in(static_cast<const T*>(a.src[k])[i]), a.op);
+    if (a.accMode & HOCCL_ACC_STORE) static_cast<A*>(a.acc)[i] = acc;
+    else static_cast<T*>(a.dst)[i] = scale<T>(Acc<T>::out(acc), a);
   }
 }
+
+// Bytes of one accumulator element: float for the 16-bit types, the element itself otherwise.
+size_t accSize(DType t) { return t == DType::Half || t == DType::BFloat16 ? 4 : 0; }
 
 size_t elementSize(DType t) {
   switch (t) {
@@ -227,6 +238,9 @@ CUresult launchReduce(DType t, int blocks, int threads, CUstream s, void** param
     const size_t bytes = static_cast<size_t>(a.count) * elementSize(t);
     // A kernel touching memory the device cannot address faults the context.
     if (!isDevice(reinterpret_cast<CUdeviceptr>(a.dst), bytes)) fault("reduction kernel writes a non-device address");
+    const size_t accBytes = static_cast<size_t>(a.count) * (accSize(t) ? accSize(t) : elementSize(t));
+    if (a.accMode && !isDevice(reinterpret_cast<CUdeviceptr>(a.acc), accBytes))
+      fault("reduction kernel touches a non-device address (running values)");
     for (int k = 0; k < a.nsrc; ++k)
       if (!isDevice(reinterpret_cast<CUdeviceptr>(a.src[k]), bytes))
         fault("reduction kernel reads a non-device address (source " + std::to_string(k) + ")");
@@ -266,12 +280,12 @@ CUresult cuModuleUnload(CUmodule module) {
 CUresult cuModuleGetFunction(CUfunction* f, CUmodule module, const char* name) {
   if (!f || !module || !name) return CUDA_ERROR_INVALID_VALUE;
   if (std::string(name) == kSpinName) {
-    *f = reinterpret_cast<CUfunction>(new Function{Kind::Spin, DType::Float});
+    *f = reinterpret_cast<CUfunction>(new Function{Kind::Spin, DType::Float, HOCCL_SPIN_MAX_THREADS});
     return CUDA_SUCCESS;
   }
   DType t;
   if (!dtypeNamed(name, &t)) return CUDA_ERROR_NOT_FOUND;
-  *f = reinterpret_cast<CUfunction>(new Function{Kind::Reduce, t});
+  *f = reinterpret_cast<CUfunction>(new Function{Kind::Reduce, t, HOCCL_REDUCE_MAX_THREADS});
   return CUDA_SUCCESS;
 }
 
@@ -284,6 +298,9 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
   const Function* fn = reinterpret_cast<Function*>(f);
   const int blocks = static_cast<int>(gx * gy * gz);
   const int threads = static_cast<int>(bx * by * bz);
+  // More threads than the function allows (its __launch_bounds__, or what its registers leave):
+  // "the kernel launch specifies too many threads for the kernel's register count" (cuda.h).
+  if (threads > fn->maxThreads || blocksPerSm(threads) < 1) return CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES;
   if (fn->kind == Kind::Spin) return launchSpin(blocks, threads, s, params);
   return launchReduce(fn->dtype, blocks, threads, s, params);
 }
@@ -291,8 +308,10 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
 CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int* numBlocks, CUfunction f, int blockSize, size_t smem) {
   if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
   if (!numBlocks || !f || blockSize < 1 || blockSize > kThreadsPerBlock || smem != 0) return CUDA_ERROR_INVALID_VALUE;
-  // The model's kernels use no shared memory and few registers: thread and block slots decide.
-  *numBlocks = std::min(kBlocksPerSm, kThreadsPerSm / blockSize);
+  // The kernels use no shared memory: thread, block and register slots decide; a block larger
+  // than the function can launch is never resident.
+  const Function* fn = reinterpret_cast<Function*>(f);
+  *numBlocks = blockSize > fn->maxThreads ? 0 : blocksPerSm(blockSize);
   return CUDA_SUCCESS;
 }
 

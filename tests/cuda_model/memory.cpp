@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -136,6 +137,24 @@ CUresult copyAsync(void* dst, const void* src, size_t bytes, CUstream s, bool ds
 
 using namespace model;
 
+namespace model {
+namespace {
+
+// Page-locking needs every page backed: the driver populates the range, so pages that cannot be
+// backed (a full /dev/shm tmpfs, a mapping past its file's end) fail the registration with
+// CUDA_ERROR_OUT_OF_MEMORY, one of the codes cuMemHostRegister documents.
+CUresult pinPages(void* p, size_t bytes, unsigned flags) {
+  const uintptr_t start = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{4095};
+  const size_t len = pageRound(reinterpret_cast<uintptr_t>(p) + bytes - start);
+  const int advice = (flags & CU_MEMHOSTREGISTER_READ_ONLY) ? MADV_POPULATE_READ : MADV_POPULATE_WRITE;
+  if (madvise(reinterpret_cast<void*>(start), len, advice) == 0) return CUDA_SUCCESS;
+  if (errno == EINVAL) return CUDA_SUCCESS;  // a kernel without MADV_POPULATE_*: nothing to learn
+  return errno == ENOMEM || errno == EFAULT ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_INVALID_VALUE;
+}
+
+}  // namespace
+}  // namespace model
+
 extern "C" {
 
 CUresult cuMemAlloc(CUdeviceptr* dptr, size_t bytes) {
@@ -216,6 +235,7 @@ CUresult cuMemHostRegister(void* p, size_t bytes, unsigned int flags) {
   const auto host = reinterpret_cast<uintptr_t>(p);
   std::lock_guard<std::mutex> lock(mu);
   if (overlapsRegistration(host, bytes)) return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+  if (CUresult r = pinPages(p, bytes, flags); r != CUDA_SUCCESS) return r;
   Registration reg{host, bytes, host};
   if (flags & CU_MEMHOSTREGISTER_DEVICEMAP) {
     // A shareable mapping gets a second address for the device (mremap with old_size 0); other

@@ -16,11 +16,18 @@
 //    once the source was staged);
 //  * the only kernels are hoccl's reductions and the sm_free check's spin kernel, found by name
 //    and run on the CPU from their argument struct;
-//  * each device has SMs with thread and block slots (the device attributes): a kernel's blocks
-//    hold slots while they run and wait for free ones, as resident blocks do on a GPU.
+//  * each device has SMs with thread, block and register slots (the device attributes): a
+//    kernel's blocks hold slots while they run and wait for free ones, as resident blocks do on
+//    a GPU; cuOccupancyMaxActiveBlocksPerMultiprocessor answers from the same slots and the
+//    function's attributes (__launch_bounds__, registers), and cuLaunchKernel refuses blocks
+//    larger than the function allows;
+//  * cuMemHostRegister populates the pages it locks, and fails with CUDA_ERROR_OUT_OF_MEMORY
+//    where they cannot be backed;
+//  * cuGetProcAddress_v2 hands out each entry point by base name and CUDA version (proc.cpp).
 // Knobs (environment): HOCCL_MODEL_DRIVER_VERSION (13000), HOCCL_MODEL_DEVICES (1),
-// HOCCL_MODEL_MAX_DELAY_US (200), HOCCL_MODEL_SEED, HOCCL_MODEL_FAIL_<WHAT>=<CUresult number>
-// for REGISTER, IPC_GET, IPC_OPEN, MEMOPS, INIT (failure injection), and
+// HOCCL_MODEL_MAX_DELAY_US (200), HOCCL_MODEL_SEED, HOCCL_MODEL_KERNEL_REGS (32),
+// HOCCL_MODEL_FAIL_<WHAT>=<CUresult number> for REGISTER, IPC_GET, IPC_OPEN, MEMOPS, INIT,
+// PROC_ADDRESS (failure injection), and
 // HOCCL_MODEL_D2D_ON_SMS=1: same-device device-to-device copies run as a kernel (one block on the
 // SMs), which the documentation allows (it never promises a copy engine for them and calls the
 // batch-copy overlap flag a hint); default 0: they run on a copy engine like every other copy.
@@ -53,6 +60,13 @@ constexpr int kSmCount = 132;
 constexpr int kThreadsPerSm = 2048;
 constexpr int kBlocksPerSm = 32;
 constexpr int kThreadsPerBlock = 1024;
+constexpr int kRegsPerSm = 65536;
+constexpr int kRegUnit = 256;  // registers are allocated per warp in multiples of this
+// HOCCL_MODEL_KERNEL_REGS (32): registers per thread of every model kernel.
+int kernelRegs();
+// Registers one block of `threads` holds, and how many such blocks fit on one SM.
+int blockRegs(int threads);
+int blocksPerSm(int threads);
 // The device of the calling thread's current context (0 without one).
 int currentDevice();
 // Places up to `blocks` blocks of `threads` threads on `device`'s SMs, waiting until at least one

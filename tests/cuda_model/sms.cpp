@@ -1,6 +1,9 @@
-// The SMs of the CPU driver model: per device, kSmCount SMs with thread and block slots. A block
-// is resident on one SM while it runs; a kernel whose blocks do not all fit runs in waves, as on a
-// GPU. Work that needs no SM (copies, stream memory operations) never waits here.
+// The SMs of the CPU driver model: per device, kSmCount SMs with thread, block and register slots.
+// A block is resident on one SM while it runs; a kernel whose blocks do not all fit runs in waves,
+// as on a GPU. Work that needs no SM (copies, stream memory operations) never waits here.
+// Registers are allocated per warp in units of kRegUnit (the granularity of NVIDIA's occupancy
+// calculation for sm_90), HOCCL_MODEL_KERNEL_REGS per thread for every model kernel.
+#include <algorithm>
 #include <map>
 #include <vector>
 
@@ -12,7 +15,10 @@ namespace {
 struct Sm {
   int freeThreads = kThreadsPerSm;
   int freeBlocks = kBlocksPerSm;
+  int freeRegs = kRegsPerSm;
 };
+
+int warpsOf(int threads) { return (threads + 31) / 32; }
 
 struct Device {
   std::vector<Sm> sms = std::vector<Sm>(kSmCount);
@@ -31,8 +37,11 @@ std::vector<int> place(Device& d, int blocks, int threads) {
   std::vector<int> where;
   for (int i = 0; i < kSmCount; ++i) {
     Sm& sm = d.sms[i];
-    while (static_cast<int>(where.size()) < blocks && sm.freeThreads >= threads && sm.freeBlocks > 0) {
+    const int regs = blockRegs(threads);
+    while (static_cast<int>(where.size()) < blocks && sm.freeThreads >= threads && sm.freeBlocks > 0 &&
+           sm.freeRegs >= regs) {
       sm.freeThreads -= threads;
+      sm.freeRegs -= regs;
       --sm.freeBlocks;
       where.push_back(i);
     }
@@ -57,10 +66,25 @@ void releaseBlocks(int index, const std::vector<int>& sms, int threads) {
     d = &device(index);  // map nodes never move
     for (int i : sms) {
       d->sms[i].freeThreads += threads;
+      d->sms[i].freeRegs += blockRegs(threads);
       ++d->sms[i].freeBlocks;
     }
   }
   d->freed.notify_all();
+}
+
+int kernelRegs() {
+  static const int regs = envInt("HOCCL_MODEL_KERNEL_REGS", 32);
+  return regs;
+}
+
+int blockRegs(int threads) {
+  const int perWarp = (kernelRegs() * 32 + kRegUnit - 1) / kRegUnit * kRegUnit;
+  return perWarp * warpsOf(threads);
+}
+
+int blocksPerSm(int threads) {
+  return std::min({kBlocksPerSm, kThreadsPerSm / (warpsOf(threads) * 32), kRegsPerSm / blockRegs(threads)});
 }
 
 bool d2dOnSms() {

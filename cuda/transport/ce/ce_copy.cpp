@@ -76,7 +76,8 @@ CUresult ceBatchCopyAsync(CUstream stream, CUdeviceptr dst, CUdeviceptr src, siz
 
 CeCopyCall ceCopyAsync(CUstream stream, CUdeviceptr dst, CUdeviceptr src, size_t bytes, bool preferCopyEngine) {
   if (bytes == 0) return CeCopyCall::None;
-  // The hint exists from CUDA 13.1; fall back on any refusal.
+  // The flag is declared since the 12.8 headers; hoccl sends it from driver 13.1
+  // (kSameDeviceCeDriverVersion) and falls back on any refusal.
   if (preferCopyEngine && cu::driver().driverVersion >= kSameDeviceCeDriverVersion &&
       ceBatchCopyAsync(stream, dst, src, bytes) == CUDA_SUCCESS)
     return CeCopyCall::Batch;

@@ -6,8 +6,8 @@
 //    several ranks on one GPU (scripts/gpu_checks.py sm_free verifies it on a GPU).
 //  * p2p:  one D2D copy between CUDA-IPC-mapped buffers. A same-device D2D copy may be a kernel
 //    on the SMs: the driver documents that device-to-device copies may use kernels, and
-//    CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE (CUDA >= 13.1, sent through cuMemcpyBatchAsync)
-//    is only a hint. Nothing proves it runs on a copy engine, so `auto` never takes p2p between
+//    CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE (declared since the 12.8 headers; hoccl sends it
+//    through cuMemcpyBatchAsync from driver 13.1) is only a hint. Nothing proves it runs on a copy engine, so `auto` never takes p2p between
 //    ranks on one GPU.
 // HOCCL_CE_PATH=auto|p2p|host overrides the choice for every pair.
 #pragma once

@@ -20,8 +20,16 @@ CePlanExecutor::CePlanExecutor(CeSync& barrier, const HostStaging& staging, int 
     if (r != barrier.rank()) peers_.push_back(r);
   if (reduceOn == ReduceOn::Gpu) {
     kernel_ = std::make_unique<ReduceKernel>(device, reduceCtas);
-    scratch_ = std::make_unique<DeviceBuffer>(staging.slotBytes() * (barrier.world() + 1), device);
+    // A pass reduces at most a slot of 16-bit elements: their float running values take two slots.
+    const size_t accBytes = accScratchOffset() ? 2 * staging.slotBytes() : 0;
+    scratch_ = std::make_unique<DeviceBuffer>(staging.slotBytes() * (barrier.world() + 1) + accBytes, device);
   }
+}
+
+// Only worlds past HOCCL_REDUCE_MAX_SRCS chain launches, so only they need room for running values.
+size_t CePlanExecutor::accScratchOffset() const {
+  if (barrier_.world() <= HOCCL_REDUCE_MAX_SRCS) return 0;
+  return staging_.slotBytes() * static_cast<size_t>(barrier_.world() + 1);
 }
 
 CePlanExecutor::Where CePlanExecutor::resolve(const Loc& loc, const CePlanArgs& args, int64_t bytes) const {
@@ -122,7 +130,9 @@ void CePlanExecutor::reduceOnGpu(CUstream s, int64_t count, bool finalize, const
   }
   // A slot destination (rs-ag's reduced part) gets the result through the spare scratch slot.
   const CUdeviceptr out = dst.host ? scratch_->ptr(srcs.size() * slot) : dst.dev;
-  kernel_->launch(s, out, dev, count, args.dtype, args.op, args.factor, barrier_.world(), finalize);
+  const size_t acc = accScratchOffset();
+  kernel_->launch(s, out, dev, count, args.dtype, args.op, args.factor, barrier_.world(), finalize,
+                  acc ? scratch_->ptr(acc) : 0);
   if (dst.host) ceCopyToHost(s, dst.hostPtr, out, bytes);
 }
 

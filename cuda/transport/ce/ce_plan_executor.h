@@ -95,6 +95,8 @@ class CePlanExecutor {
   PinnedHostBuffer bounce_;                 // device-local copies, one slot's size per pass
   std::unique_ptr<ReduceKernel> kernel_;    // gpu reductions only
   std::unique_ptr<DeviceBuffer> scratch_;   // gpu reductions: world source slots + one result slot
+                                            // (+ running values: accScratchOffset())
+  size_t accScratchOffset() const;          // 0: no chained 16-bit reduction at this world size
   std::unique_ptr<PinnedHostBuffer> hostScratch_;  // host reductions of device sources: world slots
   uint32_t barrierSeq_;                     // last barrier (same on every rank; cyclic)
   uint32_t bufCursor_ = 0;                  // staging-buffer cursor, as in exec/executor.cpp

@@ -4,11 +4,23 @@
 #include <cstdlib>
 #include <stdexcept>
 
-#include "transport/ce/kernels/reduce_args.h"
-
 namespace hoccl {
 
 size_t reduceKernelImageBytes() { return embeddedImage(EmbeddedKernel::Reduce).bytes; }
+
+namespace {
+
+// Half and BFloat16 accumulate in float (reduce.cu's Acc); every other type in itself.
+bool accumulatesInFloat(c10::ScalarType dtype) {
+  return dtype == c10::ScalarType::Half || dtype == c10::ScalarType::BFloat16;
+}
+
+}  // namespace
+
+size_t reduceScratchBytes(c10::ScalarType dtype, size_t nsrc, int64_t count) {
+  if (nsrc <= HOCCL_REDUCE_MAX_SRCS || !accumulatesInFloat(dtype)) return 0;
+  return static_cast<size_t>(count) * sizeof(float);
+}
 
 int reduceCtasFromEnv() {
   const char* v = std::getenv("HOCCL_REDUCE_CTAS");
@@ -83,29 +95,49 @@ int ReduceKernel::gridFor(int64_t count) const {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(needed, maxCtas_)));
 }
 
-void ReduceKernel::launch(CUstream stream, CUdeviceptr dst, const std::vector<CUdeviceptr>& srcs, int64_t count,
-                          c10::ScalarType dtype, RedOp op, double factor, int world, bool finalize) {
-  if (count == 0) return;
-  if (srcs.empty()) throw std::invalid_argument("hoccl: reduction without sources");
-  // After the first launch dst holds the running result, so a later source must not be dst.
+namespace {
+
+// Chaining through dst: after the first launch dst holds the running result, so a later source
+// must not be dst.
+void refuseLateAlias(CUdeviceptr dst, const std::vector<CUdeviceptr>& srcs) {
   for (size_t k = HOCCL_REDUCE_MAX_SRCS; k < srcs.size(); ++k)
     if (srcs[k] == dst)
       throw std::invalid_argument("hoccl: reduction source " + std::to_string(k) + " is the destination, but more than " +
                                   std::to_string(HOCCL_REDUCE_MAX_SRCS) +
                                   " sources chain launches through it: that source would be overwritten");
+}
+
+}  // namespace
+
+void ReduceKernel::launch(CUstream stream, CUdeviceptr dst, const std::vector<CUdeviceptr>& srcs, int64_t count,
+                          c10::ScalarType dtype, RedOp op, double factor, int world, bool finalize,
+                          CUdeviceptr scratch) {
+  if (count == 0) return;
+  if (srcs.empty()) throw std::invalid_argument("hoccl: reduction without sources");
+  const bool viaScratch = reduceScratchBytes(dtype, srcs.size(), count) > 0;
+  if (viaScratch && !scratch)
+    throw std::logic_error("hoccl: a 16-bit reduction of " + std::to_string(srcs.size()) +
+                           " sources needs float scratch to round once, and none was given");
+  if (!viaScratch) refuseLateAlias(dst, srcs);
   CUfunction f = function(dtype);
-  // Chunks of at most MAX_SRCS sources; after the first, dst carries the running result.
+  // Chunks of at most MAX_SRCS sources; after the first, scratch (or dst) carries the running result.
   size_t next = 0;
   bool first = true;
   while (next < srcs.size()) {
     HocclReduceArgs a{};
     a.dst = reinterpret_cast<void*>(dst);
     a.nsrc = 0;
-    if (!first) a.src[a.nsrc++] = reinterpret_cast<const void*>(dst);
+    if (viaScratch) {
+      a.acc = reinterpret_cast<void*>(scratch);
+      if (!first) a.accMode |= HOCCL_ACC_LOAD;
+    } else if (!first) {
+      a.src[a.nsrc++] = reinterpret_cast<const void*>(dst);
+    }
     while (next < srcs.size() && a.nsrc < HOCCL_REDUCE_MAX_SRCS) a.src[a.nsrc++] = reinterpret_cast<const void*>(srcs[next++]);
     a.count = count;
     a.op = toKernelOp(op);
     const bool last = next == srcs.size();
+    if (viaScratch && !last) a.accMode |= HOCCL_ACC_STORE;
     a.scale = (finalize && last) ? toKernelScale(op) : HOCCL_SCALE_NONE;
     a.world = world;
     a.factor = factor;

@@ -15,6 +15,7 @@
 #include "transport/ce/ce_module.h"
 #include "transport/ce/cuda_driver.h"
 #include "exec/reduce_kernels.h"
+#include "transport/ce/kernels/reduce_args.h"
 
 namespace hoccl {
 
@@ -27,8 +28,12 @@ int reduceCtasFromEnv();
 // HOCCL_REDUCE_ON=gpu|host; default gpu when the kernel is embedded, else host. Asking for gpu
 // without the kernel throws, naming the reason.
 ReduceOn reduceOnFromEnv();
-// Threads per CTA the launcher uses.
-constexpr int kReduceThreads = 512;
+// Threads per CTA the launcher uses: the kernels' __launch_bounds__.
+constexpr int kReduceThreads = HOCCL_REDUCE_MAX_THREADS;
+// Bytes of float scratch launch() needs for `nsrc` sources of `count` elements: 16-bit floats past
+// HOCCL_REDUCE_MAX_SRCS sources keep their running value in float between chained launches
+// (rounding it per launch would break "round once"); 0 otherwise.
+size_t reduceScratchBytes(c10::ScalarType dtype, size_t nsrc, int64_t count);
 
 #ifdef HOCCL_WITH_CUDA
 
@@ -42,11 +47,13 @@ class ReduceKernel {
 
   // dst[i] = srcs[0][i] op srcs[1][i] op ... (rank order), then AVG divides by `world` and
   // PREMUL_SUM multiplies by `factor` when `finalize`. More than HOCCL_REDUCE_MAX_SRCS sources
-  // chain several launches through dst, so dst may alias only one of the first
-  // HOCCL_REDUCE_MAX_SRCS sources (else std::invalid_argument). Enqueued on `stream`;
-  // the caller's context must be `device`'s primary context (cu::ContextGuard).
+  // chain several launches: 16-bit floats through `scratch` (reduceScratchBytes() of device
+  // memory, else std::logic_error), other types through dst (exact: they accumulate in their own
+  // type), so for those dst may alias only one of the first HOCCL_REDUCE_MAX_SRCS sources (else
+  // std::invalid_argument). Enqueued on `stream`; the caller's context must be `device`'s
+  // primary context (cu::ContextGuard).
   void launch(CUstream stream, CUdeviceptr dst, const std::vector<CUdeviceptr>& srcs, int64_t count,
-              c10::ScalarType dtype, RedOp op, double factor, int world, bool finalize);
+              c10::ScalarType dtype, RedOp op, double factor, int world, bool finalize, CUdeviceptr scratch = 0);
 
   // Grid size launch() uses for `count` elements: never more than maxCtas.
   int gridFor(int64_t count) const;

@@ -12,7 +12,7 @@ size_t spinKernelImageBytes() { return embeddedImage(EmbeddedKernel::Spin).bytes
 namespace {
 
 constexpr const char* kSpinName = "hoccl_spin_until_flag";
-constexpr int kSpinMaxThreads = 1024;  // the kernel's __launch_bounds__
+constexpr int kSpinMaxThreads = HOCCL_SPIN_MAX_THREADS;  // the kernel's __launch_bounds__
 
 int attribute(CUdevice dev, CUdevice_attribute a, const char* what) {
   int v = 0;

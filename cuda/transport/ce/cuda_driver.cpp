@@ -44,19 +44,24 @@ struct Loader {
 
   // `base` is the unversioned name cuGetProcAddress wants; `versioned` is what cuda.h's macros
   // turned the name into (e.g. cuMemcpyDtoHAsync_v2), the right dlsym fallback.
+  // LEGACY_STREAM explicitly: what DEFAULT means for code built without per-thread streams, and
+  // what torch's default stream is.
   void* resolve(const char* base, const char* versioned) {
     void* fn = nullptr;
+    std::string why = "no cuGetProcAddress";
     if (getProcV2) {
       CUdriverProcAddressQueryResult status{};
-      if (getProcV2(base, &fn, requestVersion, CU_GET_PROC_ADDRESS_DEFAULT, &status) == CUDA_SUCCESS &&
-          status == CU_GET_PROC_ADDRESS_SUCCESS && fn)
-        return fn;
-      fn = nullptr;
+      const CUresult r = getProcV2(base, &fn, requestVersion, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &status);
+      if (r == CUDA_SUCCESS && status == CU_GET_PROC_ADDRESS_SUCCESS && fn) return fn;
+      why = "cuGetProcAddress_v2 returned " + std::to_string(r) + ", symbolStatus " + std::to_string(status);
     } else if (getProcV1) {
-      if (getProcV1(base, &fn, requestVersion, CU_GET_PROC_ADDRESS_DEFAULT) == CUDA_SUCCESS && fn) return fn;
-      fn = nullptr;
+      const CUresult r = getProcV1(base, &fn, requestVersion, CU_GET_PROC_ADDRESS_LEGACY_STREAM);
+      if (r == CUDA_SUCCESS && fn) return fn;
+      why = "cuGetProcAddress returned " + std::to_string(r);
     }
-    return dlsym(handle, versioned);
+    fn = dlsym(handle, versioned);
+    if (fn) api.dlsymFallbacks.push_back(std::string(base) + ": " + why);
+    return fn;
   }
 
   std::string open() {

@@ -13,6 +13,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #ifdef HOCCL_WITH_CUDA
 #include <cuda.h>
@@ -37,7 +38,6 @@ std::string loadError();
   X(cuDeviceGet) X(cuDeviceGetCount) X(cuDeviceGetAttribute) X(cuDeviceCanAccessPeer) \
   X(cuDeviceGetPCIBusId) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease)    \
   X(cuCtxGetCurrent) X(cuCtxSetCurrent) X(cuCtxPushCurrent) X(cuCtxPopCurrent)       \
-  X(cuCtxGetDevice)                                                                  \
   X(cuMemcpyAsync) X(cuMemcpyDtoHAsync) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoDAsync)    \
   X(cuMemHostRegister) X(cuMemHostUnregister) X(cuMemHostGetDevicePointer)           \
   X(cuMemGetAddressRange) X(cuPointerGetAttribute) X(cuMemAlloc) X(cuMemFree)          \
@@ -65,6 +65,9 @@ struct DriverApi {
 #undef HOCCL_CU_MEMBER
   int driverVersion = 0;  // e.g. 13000 for CUDA 13.0 (driver 580)
   std::string libraryPath;
+  // Entry points cuGetProcAddress did not give ("name: why"), found by dlsym instead: a GPU run
+  // shows which path its table came from.
+  std::vector<std::string> dlsymFallbacks;
 };
 
 // The loaded table; throws std::runtime_error with loadError() when unusable.

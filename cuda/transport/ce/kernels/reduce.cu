@@ -2,7 +2,8 @@
 //
 // Semantics match the host reductions in cuda/exec/reduce_kernels.cpp exactly, so CUDA results equal
 // CPU results bit for bit: sources combine in rank order, 16-bit floats accumulate in float and
-// round once, AVG/PREMUL_SUM scale after rounding to T (integers divide like C++).
+// round once (also across chained launches: the running value stays in float in `acc`),
+// AVG/PREMUL_SUM scale after rounding to T (integers divide like C++).
 // The grid is bounded by the launcher (HOCCL_REDUCE_CTAS): a grid-stride loop lets a few CTAs
 // cover any count, leaving the remaining SMs to the model.
 #include <cuda_bf16.h>
@@ -92,9 +93,12 @@ __device__ __forceinline__ T scaleOne(T v, const HocclReduceArgs& a) {
 template <typename T>
 __device__ __forceinline__ void reduceAt(const HocclReduceArgs& a, long long i) {
   using A = typename Acc<T>::type;
-  A acc = toAcc<A>(static_cast<const T*>(a.src[0])[i]);
-  for (int k = 1; k < a.nsrc; ++k) acc = combine<A>(acc, toAcc<A>(static_cast<const T*>(a.src[k])[i]), a.op);
-  static_cast<T*>(a.dst)[i] = scaleOne<T, A>(fromAcc<T>(acc), a);
+  int k = 0;
+  A acc = (a.accMode & HOCCL_ACC_LOAD) ? static_cast<const A*>(a.acc)[i]
+                                       : toAcc<A>(static_cast<const T*>(a.src[k++])[i]);
+  for (; k < a.nsrc; ++k) acc = combine<A>(acc, toAcc<A>(static_cast<const T*>(a.src[k])[i]), a.op);
+  if (a.accMode & HOCCL_ACC_STORE) static_cast<A*>(a.acc)[i] = acc;
+  else static_cast<T*>(a.dst)[i] = scaleOne<T, A>(fromAcc<T>(acc), a);
 }
 
 // Grid-stride loop, 4 independent elements per thread per trip for memory-level parallelism.
@@ -113,7 +117,7 @@ __device__ void reduceBody(const HocclReduceArgs& a) {
 
 // One entry point per dtype, named after c10::ScalarType (hoccl_reduce_<Name>).
 #define HOCCL_REDUCE_KERNEL(T, NAME) \
-  extern "C" __global__ void __launch_bounds__(512) hoccl_reduce_##NAME(HocclReduceArgs a) { reduceBody<T>(a); }
+  extern "C" __global__ void __launch_bounds__(HOCCL_REDUCE_MAX_THREADS) hoccl_reduce_##NAME(HocclReduceArgs a) { reduceBody<T>(a); }
 HOCCL_REDUCE_KERNEL(float, Float)
 HOCCL_REDUCE_KERNEL(double, Double)
 HOCCL_REDUCE_KERNEL(__half, Half)

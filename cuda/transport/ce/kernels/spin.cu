@@ -17,7 +17,7 @@ __device__ __forceinline__ unsigned long long nowNs() {
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(1024) hoccl_spin_until_flag(HocclSpinArgs a) {
+extern "C" __global__ void __launch_bounds__(HOCCL_SPIN_MAX_THREADS) hoccl_spin_until_flag(HocclSpinArgs a) {
   if (threadIdx.x == 0) {
     volatile unsigned* state = a.state + blockIdx.x;
     const volatile unsigned* release = a.release;

@@ -2,6 +2,9 @@
 // cuLaunchKernel side) and the CPU driver model. Plain C layout: every compiler must agree on it.
 #pragma once
 
+// The kernel's __launch_bounds__: the largest block ce_spin.cpp launches.
+#define HOCCL_SPIN_MAX_THREADS 1024
+
 // Per-block state words the kernel writes (host-mapped, so the host sees them while it runs).
 enum HocclSpinState { HocclSpinNotStarted = 0, HocclSpinRunning = 1, HocclSpinReleased = 2,
                       HocclSpinTimedOut = 3 };
