@@ -64,16 +64,17 @@ def _ops(rank, world, dev, nbytes):
     import torch
     import torch.distributed as dist
 
+    from hoccl_backend.compat import all_gather_single
     n = max(1, nbytes // 4)
     inp = torch.ones(n, device=dev)
     out = torch.empty(world * n, device=dev)
     a2a_in = torch.ones(world * n, device=dev)
     red = torch.ones(n, device=dev)
     try:
-        dist.all_gather_into_tensor(out, inp)
+        all_gather_single(out, inp)
         torch.cuda.synchronize()
         return {
-            "all_gather": lambda: dist.all_gather_into_tensor(out, inp),
+            "all_gather": lambda: all_gather_single(out, inp),
             "all_to_all": lambda: dist.all_to_all_single(out, a2a_in),
             "broadcast": lambda: dist.broadcast(inp, src=0),
             "all_reduce": lambda: dist.all_reduce(red),
