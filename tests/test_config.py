@@ -15,7 +15,7 @@ from dist_utils import run_ranks
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CODE_DIRS = ("cuda", "hoccl_backend", "varipath", "topoep", "scripts", "examples", "setup.py")
 # Macros of the C++ sources that share the prefix but are not environment variables.
-NOT_VARIABLES = re.compile(r"HOCCL_(WITH_CUDA|CASE|FOR_DTYPES|OP_\w+|SCALE_\w+|INT_COMBINE|STR2?|CU_\w+|HAVE_\w+|REDUCE_MAX_SRCS|REDUCE_KERNEL|REDUCE)$")
+NOT_VARIABLES = re.compile(r"HOCCL_(WITH_CUDA|CASE|FOR_DTYPES|OP_\w+|SCALE_\w+|INT_COMBINE|STR2?|CU_\w+|HAVE_\w+|REDUCE_MAX_SRCS|REDUCE_KERNEL|REDUCE|ACC_\w+|REDUCE_MAX_THREADS|SPIN_MAX_THREADS)$")
 
 
 def table():

@@ -93,6 +93,10 @@ const std::vector<Variable> kTable = {
     {"HOCCL_TEST_WORLDS", K::Text, R::Tests, "2", "", "tests: rank counts for the GPU tests, e.g. 2,4"},
     {"HOCCL_GPU_CHECK_SKIP_BUILD", K::Text, R::Tests, "unset", "",
      "scripts/gpu_check.sh: 1 uses the extension already built instead of building it"},
+    {"HOCCL_COMMIT", K::Text, R::Tests, "unset", "",
+     "scripts/gpu_check.sh only: the commit its log names when the copied tree has no .git"},
+    {"HOCCL_STAGE_LIMIT_S", K::Text, R::Tests, "unset", "",
+     "set by scripts/gpu_check.sh for each stage: the seconds that stage may run"},
     {"HOCCL_AS_GLOO", K::Text, R::Tests, "unset", "",
      "conformance suite: 1 runs torch's distributed_test.py under the name gloo on hoccl groups"},
 };
