@@ -23,7 +23,18 @@ void futexWait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::micr
 
 namespace {
 thread_local std::chrono::microseconds threadSpinFloor{0};
+std::atomic<bool> sharedCores{false};
+std::atomic<int64_t> yieldWindowMicros{1000};
 }  // namespace
+
+// Stores only on a change: every rank's every op calls this, and the line stays shared in caches.
+void setCoresShared(bool shared, std::chrono::microseconds yieldWindow) {
+  if (sharedCores.load(std::memory_order_relaxed) != shared) sharedCores.store(shared, std::memory_order_relaxed);
+  if (yieldWindowMicros.load(std::memory_order_relaxed) != yieldWindow.count())
+    yieldWindowMicros.store(yieldWindow.count(), std::memory_order_relaxed);
+}
+
+bool coresShared() { return sharedCores.load(std::memory_order_relaxed); }
 
 SpinAtLeast::SpinAtLeast(std::chrono::microseconds spin) : saved_(threadSpinFloor) {
   threadSpinFloor = std::max(saved_, spin);
@@ -57,11 +68,13 @@ void waitUntil(const std::function<bool()>& ready, std::atomic<uint32_t>* word,
       if (spinBriefly(ready)) return;
   }
   // Phase 2: yield so an oversubscribed peer (more ranks than cores) gets the CPU. For up to a
-  // millisecond: a rank that sleeps instead needs a futex wake-up, which on a VM can take longer
-  // than the op, while a yield to the peer that shares the core costs a context switch (4 ranks
-  // on 2 cores, 4 KiB all_reduce: 45-55 instead of 70-79 us with a 50 us window).
+  // millisecond on cores only ranks share: a rank that sleeps instead needs a futex wake-up,
+  // which on a VM can take longer than the op, while a yield to the peer that shares the core
+  // costs a context switch (4 ranks on 2 cores, 4 KiB all_reduce: 45-55 instead of 70-79 us with
+  // a 50 us window). Cores shared with other work get a shorter window (setCoresShared).
+  const auto yieldWindow = std::chrono::microseconds(yieldWindowMicros.load(std::memory_order_relaxed));
   auto start = std::chrono::steady_clock::now();
-  while (std::chrono::steady_clock::now() - start < std::chrono::microseconds(1000)) {
+  while (std::chrono::steady_clock::now() - start < yieldWindow) {
     if (ready()) return;
     sched_yield();
   }

@@ -27,6 +27,14 @@ void waitUntil(const std::function<bool()>& ready, std::atomic<uint32_t>* word,
                std::atomic<uint32_t>* waiters, const std::function<void()>& check,
                std::chrono::microseconds spin = std::chrono::microseconds(0));
 
+// Process-wide: whether this host's cores are shared (backend/core_sharing.h decides, before
+// each op), and how long a waiter then yields before it sleeps on the futex. Callers stop
+// spinning while cores are shared; the yield window is a millisecond when only ranks share the
+// cores (a yield hands the core to a peer rank) and shorter when other work shares them (a yield
+// to a compute thread costs that thread's whole time slice; a sleeper is woken on arrival).
+void setCoresShared(bool shared, std::chrono::microseconds yieldWindow);
+bool coresShared();
+
 // While alive, every wait on this thread spins for at least `spin` before yielding. For a thread
 // whose caller is blocked until the op completes: it has nothing else to run, and the futex
 // wake-up it would otherwise sleep through can outlast the wait (halted vCPUs of a VM).
