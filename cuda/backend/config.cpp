@@ -48,7 +48,8 @@ HocclConfig HocclConfig::fromEnv(int world) {
   // all_to_all: ~700 instead of ~120 us per op on the 2-core VM, docs/mpi_comparison.md).
   c.callerSpinMicros = config::integer("HOCCL_CALLER_SPIN_US", 2000, 0);
   c.sharedCallerSpinMicros = spinWhenShared("HOCCL_CALLER_SPIN_US");
-  c.sharedYieldMicros = config::integer("HOCCL_SHARED_YIELD_US", 50, 0);
+  c.sharedYieldMicros = config::integer("HOCCL_SHARED_YIELD_US", 0, 0);
+  c.sharedSliceMicros = config::integer("HOCCL_SHARED_SLICE_US", 100, 0);
   c.inlineMaxBytes = config::bytes("HOCCL_INLINE_BYTES");
   c.streamingCopyMinBytes = config::bytes("HOCCL_STREAMING_COPY_BYTES");
   c.hugePageMinBytes = config::bytes("HOCCL_HUGEPAGE_MIN_BYTES");

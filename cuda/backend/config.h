@@ -27,7 +27,8 @@ struct HocclConfig {
   int64_t inlineMaxBytes = 64 << 10;  // run smaller collectives on the caller's thread when idle
   int64_t callerSpinMicros = 0;       // barrier spin of ops run on a caller's thread that waits for them
   int64_t sharedCallerSpinMicros = 0;  // the same while cores are shared (core_sharing.h)
-  int64_t sharedYieldMicros = 50;      // yield window before a futex sleep while other work shares the cores
+  int64_t sharedYieldMicros = 0;       // yield window before a futex sleep while other work shares the cores
+  int64_t sharedSliceMicros = 100;     // scheduler time slice a waiter asks for while it sleeps on shared cores (0: default)
   WaitPolicy waitPolicy = WaitPolicy::Auto;
   int64_t streamingCopyMinBytes = 1 << 20;  // copies into outputs from this size bypass the cache
   int64_t hugePageMinBytes = 4 << 20;  // reused peer-read buffers from this size go on huge pages (0: off)

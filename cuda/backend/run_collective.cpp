@@ -37,7 +37,8 @@ bool ProcessGroupHOCCL::anyRankSawSharedCores(uint32_t parity) const {
 void ProcessGroupHOCCL::noteCoreSharing(Collective& c) {
   const CoreSharing sharing = coreSharingNow(config_.waitPolicy);
   const int64_t yieldUs = sharing == CoreSharing::WithOtherWork ? config_.sharedYieldMicros : 1000;
-  setCoresShared(sharing != CoreSharing::None, std::chrono::microseconds(yieldUs));
+  setCoresShared(sharing != CoreSharing::None, std::chrono::microseconds(yieldUs),
+                 std::chrono::microseconds(config_.sharedSliceMicros));
   c.ctx.desc.coresShared = sharing != CoreSharing::None;
 }
 

@@ -57,9 +57,13 @@ const std::vector<Variable> kTable = {
      "(LOCAL_WORLD_SIZE, the default group) against the CPUs a rank may use, and from the machine's runnable "
      "threads (/proc/loadavg, sampled every 50 ms); busy or idle force it. Shared cores: no spin, a short "
      "yield, all_reduce staged in one round (a group agrees from its next op)"},
-    {"HOCCL_SHARED_YIELD_US", K::Integer, R::Core, "50", "",
+    {"HOCCL_SHARED_YIELD_US", K::Integer, R::Core, "0", "",
      "while other work shares the cores, microseconds a waiter yields before it sleeps on a futex (1000 "
      "while only ranks share them, or none)"},
+    {"HOCCL_SHARED_SLICE_US", K::Integer, R::Core, "100", "",
+     "while cores are shared, the scheduler time slice (Linux 6.12+ sched_setattr) a waiter asks for while it "
+     "sleeps, so that its peer's wake-up preempts a compute thread at once; its own slice comes back once "
+     "awake; 0: leave the scheduler alone"},
     {"HOCCL_INLINE_BYTES", K::Bytes, R::Core, "64K", "",
      "ops up to this size run on the caller's thread when nothing is queued"},
     {"HOCCL_ALLTOALL_ALGO", K::Choice, R::Core, "varipath", "varipath,direct,pairwise",
