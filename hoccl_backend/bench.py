@@ -7,6 +7,7 @@
     python -m hoccl_backend.bench --shared-buffers        # buffers from hoccl_backend.empty()
     python -m hoccl_backend.bench --overlap               # GPU only: GEMM slowdown under comm
     python -m hoccl_backend.bench --vs mpi                # hoccl beside Open MPI and torch's floor
+    python -m hoccl_backend.bench --busy 1                # 1 GEMM thread per rank beside the collectives
     python -m hoccl_backend.bench --hosts 2 --link-gbit 4 # across namespaced hosts (bench_hosts.py)
 
 Each world size runs in one set of spawned ranks holding a group per backend. For each (op,
@@ -25,6 +26,12 @@ caller's environment; the header says which applied.
 --shared-buffers allocates every benchmarked buffer with hoccl_backend.empty() (shared memory
 that hoccl's peers map once and then read with plain loads, like NCCL's registered buffers and
 nccl-tests' -R), for both backends; gloo handles them as any CPU tensor.
+
+--busy N runs N compute threads per rank (GEMM loops, bench_busy.py) for the whole run: every
+backend is timed with them running, taking turns as usual, and hoccl once more per round with
+them parked ("hoccl idle"), so the table shows hoccl's busy time beside gloo's and beside its own
+idle time in the same ranks. With --vs mpi the threads keep running while Open MPI takes its
+turn, so its ranks share the machine with the same compute.
 
 --vs mpi (or --vs mpi,gloo) compares with Open MPI instead (bench_mpi.py: installed from the
 system's packages on first use, a C loop over reused malloc buffers, 4 KB - 64 MB by default); the
@@ -112,7 +119,25 @@ def _time_round(op, buf, group, iters):
     return (time.perf_counter() - start) / iters
 
 
-def _rank_job(rank, world, backends, ops, sizes, rounds, port, queue, show_progress, shared):
+IDLE = "hoccl idle"  # --busy: hoccl timed with the compute threads parked
+
+
+def timed_turns(backends: list[str], busy: int) -> list[str]:
+    """The names timed in each round: the backends, plus hoccl on idle cores when --busy runs."""
+    return [*backends, IDLE] if busy and "hoccl" in backends else list(backends)
+
+
+def _time_turn(name, op, bufs, groups, iters, compute):
+    if name != IDLE:
+        return _time_round(op, bufs[name], groups[name], iters)
+    compute.pause()
+    try:
+        return _time_round(op, bufs["hoccl"], groups["hoccl"], iters)
+    finally:
+        compute.resume()
+
+
+def _rank_job(rank, world, backends, ops, sizes, rounds, port, queue, show_progress, shared, busy=0):
     """One rank: a group per backend, and for each (op, size) the backends take turns, round by
     round, so that every backend meets the same machine load (this VM's speed drifts up to 3x within
     minutes). The figure per backend is the median over rounds of the slowest rank's mean."""
@@ -120,12 +145,16 @@ def _rank_job(rank, world, backends, ops, sizes, rounds, port, queue, show_progr
     import torch
     import torch.distributed as dist
 
+    from hoccl_backend.bench_busy import ComputeThreads
+
     torch.set_num_threads(1)
     if "hoccl" in backends:
         import hoccl_backend  # noqa: F401
     dist.init_process_group(backends[0], rank=rank, world_size=world)
     # The default group serves the first backend; the others get a group each.
     groups = {b: dist.group.WORLD if i == 0 else dist.new_group(backend=b) for i, b in enumerate(backends)}
+    names = timed_turns(backends, busy)
+    compute = ComputeThreads(busy)
     rows = []
     total = len(ops) * len(sizes)
     done = 0
@@ -138,18 +167,18 @@ def _rank_job(rank, world, backends, ops, sizes, rounds, port, queue, show_progr
             for b in backends:  # warm-up: page faults, first-call setup
                 for _ in range(max(2, per_round // 2)):
                     _run_op(op, bufs[b], groups[b])
-            samples = {b: [] for b in backends}
+            samples = {b: [] for b in names}
             for r in range(rounds):
-                order = backends if r % 2 == 0 else backends[::-1]
+                order = names if r % 2 == 0 else names[::-1]
                 for b in order:
-                    samples[b].append(_time_round(op, bufs[b], groups[b], per_round))
-            for b in backends:
+                    samples[b].append(_time_turn(b, op, bufs, groups, per_round, compute))
+            for b in names:
                 t = torch.tensor(samples[b], dtype=torch.float64)
                 dist.all_reduce(t, op=dist.ReduceOp.MAX)
-                buf = bufs[b]
+                buf = bufs["hoccl" if b == IDLE else b]
                 rows.append({"backend": b, "world": world, "op": op, "bytes": buffer_bytes(op, buf),
                              "time_us": t.median().item() * 1e6, "rounds": rounds,
-                             "iters_per_round": per_round})
+                             "iters_per_round": per_round, "busy_threads": 0 if b == IDLE else busy})
             done += 1
             if rank == 0 and show_progress:
                 bar = "#" * int(30 * done / total)
@@ -157,13 +186,16 @@ def _rank_job(rank, world, backends, ops, sizes, rounds, port, queue, show_progr
                 sys.stderr.flush()
     if rank == 0 and show_progress:
         sys.stderr.write("\n")
+    compute.close()
+    for row in rows:
+        row["compute_gflops_per_thread"] = compute.gflops_per_thread()
     dist.destroy_process_group()
     if rank == 0:
         queue.put(rows)
 
 
 def run_world(backends: list[str], world: int, ops, sizes, rounds: int = 5, show_progress=True,
-              shared=False) -> list[dict]:
+              shared=False, busy=0) -> list[dict]:
     import multiprocessing as mp
     import socket
 
@@ -173,7 +205,8 @@ def run_world(backends: list[str], world: int, ops, sizes, rounds: int = 5, show
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     procs = [ctx.Process(target=_rank_job,
-                         args=(r, world, backends, ops, sizes, rounds, port, queue, show_progress, shared))
+                         args=(r, world, backends, ops, sizes, rounds, port, queue, show_progress, shared,
+                               busy))
              for r in range(world)]
     for p in procs:
         p.start()
@@ -234,6 +267,14 @@ def backend_columns(keyed: dict, backends: list[str], world: int, op: str, nbyte
     return line
 
 
+def busy_line(busy: int, rows: list[dict]) -> str:
+    """The header line of a --busy run: the compute beside each rank and the rate it kept."""
+    rates = [r["compute_gflops_per_thread"] for r in rows if r.get("compute_gflops_per_thread")]
+    rate = f"{min(rates):.1f}-{max(rates):.1f}" if rates else "?"
+    return (f"# busy: {busy} compute thread(s) per rank (256x256 float32 GEMM loops), {rate} GFLOP/s per thread "
+            f"while running; '{IDLE}': hoccl in the same ranks with them parked")
+
+
 def print_table(rows: list[dict], backends: list[str], memcpy_GBps: float) -> None:
     keyed = _by_key(rows)
     worlds = sorted({r["world"] for r in rows})
@@ -244,6 +285,8 @@ def print_table(rows: list[dict], backends: list[str], memcpy_GBps: float) -> No
             head = backend_columns_head(backends)
             if "hoccl" in backends and "gloo" in backends:
                 head += " | busbw x gloo"
+            if IDLE in backends:
+                head += " | busy / idle"
             if "hoccl" in backends:
                 head += " | hoccl copy%"
             print(head)
@@ -251,8 +294,11 @@ def print_table(rows: list[dict], backends: list[str], memcpy_GBps: float) -> No
             for nbytes in sizes:
                 line = backend_columns(keyed, backends, world, op, nbytes)
                 h, g = keyed.get(("hoccl", world, op, nbytes)), keyed.get(("gloo", world, op, nbytes))
+                idle = keyed.get((IDLE, world, op, nbytes))
                 if h and g:
                     line += f" | {h['busbw_GBps'] / g['busbw_GBps']:11.2f}x"
+                if h and idle:
+                    line += f" | {h['time_us'] / idle['time_us']:10.2f}x"
                 if h:
                     line += f" | {100 * copy_fraction(h, memcpy_GBps):10.0f}%"
                 print(line)
@@ -321,12 +367,19 @@ def main(argv=None) -> int:
     parser.add_argument("--vs", default=None,
                         help="peers to compare hoccl with: gloo (default, same as --backend hoccl,gloo), "
                              "mpi, or mpi,gloo (Open MPI, taking turns with hoccl; see bench_mpi)")
+    parser.add_argument("--busy", type=int, default=0, metavar="N",
+                        help="N compute threads (GEMM loops) per rank beside the collectives; hoccl is also "
+                             "timed with them parked ('hoccl idle')")
     parser.add_argument("--hosts", type=int, default=None,
                         help="run across this many namespaced hosts (root; see bench_hosts)")
     parser.add_argument("--ranks-per-host", type=int, default=2, help="with --hosts (default 2)")
     parser.add_argument("--link-gbit", type=float, default=None,
                         help="with --hosts: shape every host's link to this rate (tc tbf)")
     args, rest = parser.parse_known_args(argv)
+    if args.busy < 0:
+        parser.error(f"--busy takes a number of compute threads per rank >= 0, got {args.busy}")
+    if args.busy and (args.hosts or args.overlap):
+        parser.error("--busy runs with the single-host benchmark and --vs, not with --hosts or --overlap")
     if args.hosts:
         from hoccl_backend import bench_hosts
 
@@ -373,7 +426,7 @@ def main(argv=None) -> int:
     before = memcpy_bandwidth()
     for world in worlds:
         rows += run_world(backends, world, ops, sizes, args.rounds, show_progress=not args.no_progress,
-                          shared=args.shared_buffers)
+                          shared=args.shared_buffers, busy=args.busy)
     after = memcpy_bandwidth()
     mc = (before + after) / 2
     load = " ".join(f"{v:.2f}" for v in os.getloadavg())
@@ -382,12 +435,14 @@ def main(argv=None) -> int:
           f"ranks' tensors on huge pages (THP_MEM_ALLOC_ENABLE): {'on' if thp else 'off'}; "
           f"buffers: {'hoccl_backend.empty (shared)' if args.shared_buffers else 'torch.empty'}; "
           f"hoccl huge-page promotion of reused buffers (HOCCL_HUGEPAGE_MIN_BYTES): {promote}")
-    print_table(rows, backends, mc)
+    if args.busy:
+        print(busy_line(args.busy, rows))
+    print_table(rows, timed_turns(backends, args.busy), mc)
     if args.markdown and "hoccl" in backends and "gloo" in backends:
         print_markdown(rows, mc)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"memcpy_GBps": mc, "memcpy_before_after_GBps": [before, after], "thp": thp,
+            json.dump({"memcpy_GBps": mc, "memcpy_before_after_GBps": [before, after], "thp": thp, "busy": args.busy,
                        "shared_buffers": args.shared_buffers, "hugepage_promotion": promote, "rows": rows}, f, indent=1)
     if args.plot:
         plot(rows, args.plot)

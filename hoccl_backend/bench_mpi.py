@@ -181,7 +181,7 @@ def _floor_round(x, group, iters: int) -> float:
     return (time.perf_counter() - start) / iters
 
 
-def _torch_rank(rank, world, backends, port, conn, shared):
+def _torch_rank(rank, world, backends, port, conn, shared, busy=0):
     """One torch rank, a group per backend plus world-1 hoccl groups, serving the parent's commands:
     ("cell", op, nbytes, warmup), ("round", backend, iters), ("floor", iters), ("quit",)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -189,9 +189,12 @@ def _torch_rank(rank, world, backends, port, conn, shared):
     import torch.distributed as dist
 
     import hoccl_backend  # noqa: F401
+    from hoccl_backend.bench_busy import ComputeThreads
 
     torch.set_num_threads(1)
     dist.init_process_group(backends[0], rank=rank, world_size=world)
+    # --busy: they keep running while Open MPI takes its turn, so its ranks meet the same compute.
+    compute = ComputeThreads(busy)
     groups = {b: dist.group.WORLD if i == 0 else dist.new_group(backend=b) for i, b in enumerate(backends)}
     alone = [dist.new_group([r], backend="hoccl") for r in range(world)][rank]
     floor_x = torch.ones(2)  # 8 bytes
@@ -213,12 +216,13 @@ def _torch_rank(rank, world, backends, port, conn, shared):
             conn.send(_floor_round(floor_x, alone, msg[1]))
         else:
             break
+    compute.close()
     dist.destroy_process_group()
     conn.send("done")
 
 
 class TorchRanks:
-    def __init__(self, world: int, backends: list[str], shared: bool):
+    def __init__(self, world: int, backends: list[str], shared: bool, busy: int = 0):
         import multiprocessing as mp
         import socket
 
@@ -229,7 +233,7 @@ class TorchRanks:
         self._conns, self._procs = [], []
         for r in range(world):
             mine, theirs = ctx.Pipe()
-            p = ctx.Process(target=_torch_rank, args=(r, world, backends, port, theirs, shared))
+            p = ctx.Process(target=_torch_rank, args=(r, world, backends, port, theirs, shared, busy))
             p.start()
             self._conns.append(mine)
             self._procs.append(p)
@@ -255,11 +259,11 @@ def _row(backend, world, op, nbytes, samples, iters):
 
 
 def run_world(torch_backends: list[str], world: int, ops, sizes, rounds: int = 5, show_progress=True,
-              shared=False) -> list[dict]:
+              shared=False, busy=0) -> list[dict]:
     """Rows for every (backend, op, size) at this world size, MPI's under backend "mpi", and per
     cell a row for torch's floor measured in turn with them (backend FLOOR, op all_reduce, 8 bytes,
     world 1; `floor_for` = (world, op, size) of its cell)."""
-    torch_ranks = TorchRanks(world, torch_backends, shared)
+    torch_ranks = TorchRanks(world, torch_backends, shared, busy)
     mpi = MpiRanks(world)
     rows = []
     try:
@@ -340,7 +344,8 @@ def main(args, peers: list[str], worlds: list[int], ops: list[str]) -> dict:
     before = memcpy_bandwidth()
     for world in worlds:
         rows += run_world(torch_backends, world, ops, sizes, args.rounds,
-                          show_progress=not args.no_progress, shared=args.shared_buffers)
+                          show_progress=not args.no_progress, shared=args.shared_buffers,
+                          busy=getattr(args, "busy", 0))
     after = memcpy_bandwidth()
     mc = (before + after) / 2
     load = " ".join(f"{v:.2f}" for v in os.getloadavg())
@@ -348,8 +353,11 @@ def main(args, peers: list[str], worlds: list[int], ops: list[str]) -> dict:
     print(f"# machine: {os.cpu_count()} cores; single-core memcpy {mc:.2f} GB/s (before {before:.2f}, "
           f"after {after:.2f}); load average {load}; {mpi_version[0] if mpi_version else 'Open MPI'}; "
           f"buffers: {'hoccl_backend.empty (shared)' if args.shared_buffers else 'torch.empty'} / malloc (MPI)")
+    if getattr(args, "busy", 0):
+        print(f"# busy: {args.busy} compute thread(s) per torch rank (256x256 float32 GEMM loops), running "
+              f"through every backend's turn, Open MPI's included")
     print_table(rows, mc)
-    return {"memcpy_GBps": mc, "memcpy_before_after_GBps": [before, after], "peers": peers,
+    return {"busy": getattr(args, "busy", 0), "memcpy_GBps": mc, "memcpy_before_after_GBps": [before, after], "peers": peers,
             "shared_buffers": args.shared_buffers, "rows": rows}
 
 

@@ -91,3 +91,38 @@ def test_bench_vs_mpi_puts_open_mpi_and_torch_floor_beside_hoccl(tmp_path):
         assert [line.split("|")[2].strip() for line in lines[i:i + 4]] == ["hoccl", "MPI", "gloo", "hoccl ÷ (MPI + floor)"]
         ratio = float(lines[i + 3].split("|")[3])
         assert abs(ratio - hoccl[(op, 4096)] / (mpi[(op, 4096)] + floor[(op, 4096)]["time_us"])) < 0.006
+
+
+def test_bench_busy_times_hoccl_beside_gloo_and_beside_its_own_idle_time(tmp_path):
+    from hoccl_backend.bench import IDLE
+
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "-m", "hoccl_backend.bench", "--busy", "1", "--world", "2", "--ops",
+                           "all_reduce", "--sizes", "4K,64K", "--rounds", "2", "--no-progress", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "# busy: 1 compute thread(s) per rank" in proc.stdout and "GFLOP/s per thread" in proc.stdout
+    table = proc.stdout.split("\n# all_reduce  world=2\n")[1]
+    head, *lines = table.strip().splitlines()
+    assert [c.split(" us")[0].strip() for c in head.split("|")[1:4]] == ["hoccl", "gloo", IDLE]
+    assert "busbw x gloo" in head and "busy / idle" in head
+    assert [int(line.split("|")[0]) for line in lines] == [4096, 65536]
+    result = json.loads(out.read_text())
+    assert result["busy"] == 1
+    rows = {(r["backend"], r["bytes"]): r for r in result["rows"]}
+    assert set(rows) == {(b, n) for b in ("hoccl", "gloo", IDLE) for n in (4096, 65536)}
+    for line in lines:
+        cells = line.split("|")
+        n = int(cells[0])
+        # The busy / idle column is hoccl's busy time over its idle time, from the same rows.
+        assert abs(float(cells[5].rstrip("x ")) - rows[("hoccl", n)]["time_us"] / rows[(IDLE, n)]["time_us"]) < 0.006
+    assert all(r["busy_threads"] == (0 if r["backend"] == IDLE else 1) for r in result["rows"])
+    assert all(r["compute_gflops_per_thread"] > 0 for r in result["rows"])
+
+
+@pytest.mark.parametrize("args,message", [(["--busy", "-1"], "--busy takes a number"),
+                                          (["--busy", "1", "--hosts", "2"], "--busy runs with")])
+def test_bench_busy_rejects_bad_arguments(args, message):
+    proc = subprocess.run([sys.executable, "-m", "hoccl_backend.bench", *args], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]

@@ -1,7 +1,5 @@
 #include "backend/config.h"
 
-#include <sched.h>
-
 #include <algorithm>
 
 #include "common/config.h"
@@ -9,12 +7,14 @@
 namespace hoccl {
 namespace {
 
-// CPUs this process may run on (its affinity mask), at least 1.
-int cpusAllowed() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
-  return std::max(1, CPU_COUNT(&set));
+WaitPolicy waitPolicyFromEnv() {
+  std::string v = config::text("HOCCL_WAIT_POLICY");
+  return v == "busy" ? WaitPolicy::Busy : v == "idle" ? WaitPolicy::Idle : WaitPolicy::Auto;
 }
+
+// A spin the user set holds whether or not cores are shared; the automatic one stops while they
+// are (a spinning waiter holds the core a descheduled peer needs).
+int64_t spinWhenShared(const char* name) { return config::isSet(name) ? config::integer(name, 0, 0) : 0; }
 
 }  // namespace
 
@@ -37,12 +37,19 @@ HocclConfig HocclConfig::fromEnv(int world) {
   std::string cma = config::text("HOCCL_SHM_CMA");
   c.shm.crossMemory = cma == "auto" ? -1 : (cma == "1" || cma == "on") ? 1 : 0;
   // Spinning pays only while every rank has a core: an oversubscribed peer needs ours to run.
-  c.shm.spinMicros = config::integer("HOCCL_SPIN_US", world <= cpusAllowed() ? 30 : 0, 0);
+  // Whether it has one is decided before each op from the whole job and the machine
+  // (core_sharing.h), not from this group's size.
+  c.waitPolicy = waitPolicyFromEnv();
+  c.shm.spinMicros = config::integer("HOCCL_SPIN_US", 30, 0);
+  c.shm.sharedSpinMicros = spinWhenShared("HOCCL_SPIN_US");
   // A caller blocked on its op leaves its thread nothing else to do, and a sleeping waiter costs
   // a futex wake-up, which on a virtual machine whose idle vCPUs halt can take longer than the
   // op. Short spins then lock two ranks into taking turns to sleep at every barrier (1 MiB
   // all_to_all: ~700 instead of ~120 us per op on the 2-core VM, docs/mpi_comparison.md).
-  c.callerSpinMicros = config::integer("HOCCL_CALLER_SPIN_US", world <= cpusAllowed() ? 2000 : 0, 0);
+  c.callerSpinMicros = config::integer("HOCCL_CALLER_SPIN_US", 2000, 0);
+  c.sharedCallerSpinMicros = spinWhenShared("HOCCL_CALLER_SPIN_US");
+  c.sharedYieldMicros = config::integer("HOCCL_SHARED_YIELD_US", 0, 0);
+  c.sharedSliceMicros = config::integer("HOCCL_SHARED_SLICE_US", 100, 0);
   c.inlineMaxBytes = config::bytes("HOCCL_INLINE_BYTES");
   c.streamingCopyMinBytes = config::bytes("HOCCL_STREAMING_COPY_BYTES");
   c.hugePageMinBytes = config::bytes("HOCCL_HUGEPAGE_MIN_BYTES");

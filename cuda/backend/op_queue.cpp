@@ -34,7 +34,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::enqueue(c10d::OpType type, std
     busy_ = true;
   }
   {
-    SpinAtLeast spin(std::chrono::microseconds(callerWaits ? config_.callerSpinMicros : 0));
+    const int64_t callerSpin = coresShared() ? config_.sharedCallerSpinMicros : config_.callerSpinMicros;
+    SpinAtLeast spin(std::chrono::microseconds(callerWaits ? callerSpin : 0));
     runTask(work, body);
   }
   bool wakeWorker;

@@ -32,6 +32,7 @@ ProcessGroupHOCCL::ProcessGroupHOCCL(const c10::intrusive_ptr<c10d::Store>& stor
     std::fprintf(stderr, "[hoccl rank 0] group of %d ranks on %d host(s); configuration:\n%s", size,
                  hosts_.hosts(), config::describe().c_str());
   checkSingleHost(hosts_, rank);
+  noteJobRanksOnHost(static_cast<int>(hosts_.ranksOf[hosts_.hostOf[rank]].size()));
   group_ = std::make_unique<ShmGroup>(store, rank, size, config_.shm, timeout);
   executor_ = std::make_unique<Executor>(*group_, config_.streamingCopyMinBytes);
   if (config_.debug >= 1) profile_ = std::make_unique<OpProfile>();

@@ -127,7 +127,11 @@ class ProcessGroupHOCCL : public c10d::Backend {
   std::shared_ptr<const Plan> allToAllPlan(Collective& c, const std::vector<int64_t>& matrix, bool published);
   bool everySplitIs(uint32_t parity, int64_t bytes) const;
   void promoteReusedBuffers(const Collective& c);
-  void validateDescriptors(const Collective& c, uint32_t parity) const;
+  // Also records whether any rank saw shared cores (groupCoresShared_), read from the same table.
+  void validateDescriptors(const Collective& c, uint32_t parity);
+  bool anyRankSawSharedCores(uint32_t parity) const;
+  // Decides this op's view of the cores and publishes it in its descriptor (core_sharing.h).
+  void noteCoreSharing(Collective& c);
   void validateSplits(const Collective& c, uint32_t parity) const;
   std::vector<TransferPhase> scheduleAllToAll(const std::vector<int64_t>& matrix);
   std::vector<TransferPhase> varipathPhases(const std::vector<int64_t>& matrix);
@@ -194,6 +198,9 @@ class ProcessGroupHOCCL : public c10d::Backend {
   std::unique_ptr<P2PEngine> p2p_;
   std::mutex p2pMutex_;
   uint32_t opSeq_ = 0;  // worker thread only
+  // Whether any rank saw shared cores at the last op with validated descriptors: every rank reads
+  // the same descriptors, so all stage the next ops in the same rounds. Worker thread only.
+  bool groupCoresShared_ = false;
   uint64_t monitoredBarriers_ = 0;  // calls so far: keys of each call are fresh
 
   std::mutex queueMutex_;
@@ -210,7 +217,7 @@ class ProcessGroupHOCCL : public c10d::Backend {
   std::mutex planMutex_;
   // Keyed by (kind, root, element size, bytes, cross-memory, addresses published, every tensor
   // shared): what a plan depends on.
-  std::map<std::tuple<int, int, int64_t, int64_t, bool, bool, bool>, std::shared_ptr<const Plan>> planCache_;
+  std::map<std::tuple<int, int, int64_t, int64_t, int64_t, bool, bool, bool>, std::shared_ptr<const Plan>> planCache_;
   bool hasChannels_ = false;  // VarioPath was configured (names the algorithm "varipath")
   // all_to_all schedules and plans of the most recent split matrices, most recent first, keyed
   // by the whole matrix: equal-split all_to_all and MoE layers with a fixed capacity send the

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "transport/shm/futex_wait.h"
 #include "transport/shm/shared_tensor.h"
 
 namespace hoccl {
@@ -27,7 +28,22 @@ void ProcessGroupHOCCL::checkWait(const Collective& c, int peer) {
   }
 }
 
-void ProcessGroupHOCCL::validateDescriptors(const Collective& c, uint32_t parity) const {
+bool ProcessGroupHOCCL::anyRankSawSharedCores(uint32_t parity) const {
+  for (int r = 0; r < size_; ++r)
+    if (group_->control(r).desc[parity].coresShared) return true;
+  return false;
+}
+
+void ProcessGroupHOCCL::noteCoreSharing(Collective& c) {
+  const CoreSharing sharing = coreSharingNow(config_.waitPolicy);
+  const int64_t yieldUs = sharing == CoreSharing::WithOtherWork ? config_.sharedYieldMicros : 1000;
+  setCoresShared(sharing != CoreSharing::None, std::chrono::microseconds(yieldUs),
+                 std::chrono::microseconds(config_.sharedSliceMicros));
+  c.ctx.desc.coresShared = sharing != CoreSharing::None;
+}
+
+void ProcessGroupHOCCL::validateDescriptors(const Collective& c, uint32_t parity) {
+  groupCoresShared_ = anyRankSawSharedCores(parity);
   const OpDesc& mine = c.ctx.desc;
   bool agree = true;  // the common case, checked without building any message
   for (int r = 0; r < size_ && agree; ++r) {
@@ -88,18 +104,22 @@ int64_t ProcessGroupHOCCL::crossMemoryMinBytes(OpKind kind) const {
 }
 
 // Measured at worlds 2 and 4 (docs/mpi_comparison.md): all_reduce from 512 KiB to 2 MiB runs
-// ~15 % faster in 128 KiB rounds than in one slot; all_to_all is slower in rounds.
+// ~15 % faster in 128 KiB rounds than in one slot on idle cores; all_to_all is slower in rounds.
+// On shared cores each round's barrier waits for the last rank to be scheduled again, so
+// all_reduce takes the whole slot (world 4, 2 cores, loaded: 1 MiB in 2.5-2.8 instead of 17-23
+// ms, issue 33). The group's agreed view decides: every rank must stage in the same rounds.
 int64_t ProcessGroupHOCCL::stagingRoundBytes(OpKind kind, int64_t payloadBytes) const {
   const int64_t slot = static_cast<int64_t>(group_->slotBytes());
   if (payloadBytes >= crossMemoryMinBytes(kind)) return slot;
   int64_t round = config_.stagedRoundBytes;
-  if (round == 0) round = kind == OpKind::AllReduce ? (128 << 10) : slot;
+  if (round == 0) round = kind == OpKind::AllReduce && !groupCoresShared_ ? (128 << 10) : slot;
   return std::min(slot, round);
 }
 
 std::shared_ptr<const Plan> ProcessGroupHOCCL::planFor(const PlanRequest& req) {
-  const auto key = std::make_tuple(int(req.kind), req.root, int64_t(req.elemSize), req.bytes, bool(req.crossMemory),
-                                   req.addressesPublished, req.everyTensorShared);
+  // The round size is in the key: it changes with the group's view of its cores.
+  const auto key = std::make_tuple(int(req.kind), req.root, int64_t(req.elemSize), req.bytes, req.slotBytes,
+                                   bool(req.crossMemory), req.addressesPublished, req.everyTensorShared);
   std::lock_guard<std::mutex> lock(planMutex_);
   auto it = planCache_.find(key);
   if (it != planCache_.end()) return it->second;
@@ -142,6 +162,7 @@ void ProcessGroupHOCCL::runCollective(Collective& c) {
   c.deadline = c.start + timeout_;
   c.req.rank = rank_;
   c.req.world = size_;
+  noteCoreSharing(c);
   c.req.slotBytes = stagingRoundBytes(c.req.kind, c.req.bytes);  // all_to_all: set again from the agreed size
   c.req.oneShotMaxBytes = config_.oneShotMaxBytes;
   c.req.crossMemory = group_->crossMemory();

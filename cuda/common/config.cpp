@@ -31,7 +31,8 @@ const std::vector<Variable> kTable = {
     {"HOCCL_CMA_MIN_BYTES", K::Bytes, R::Core, "256K", "", "payloads from this size use direct-read plans"},
     {"HOCCL_STAGED_ROUND_BYTES", K::Bytes, R::Core, "auto", "",
      "staged plans (below the cross-memory thresholds) move data in rounds of this many bytes per slot; auto: "
-     "128K for all_reduce, the whole slot for other ops"},
+     "128K for all_reduce (the whole slot while cores are shared, see HOCCL_WAIT_POLICY), the whole slot for "
+     "other ops"},
     {"HOCCL_ALLREDUCE_CMA_MIN_BYTES", K::Bytes, R::Core, "auto", "",
      "all_reduce reads peers directly from this size up (and from HOCCL_CMA_MIN_BYTES); below, it stages; "
      "auto: 2M, or HOCCL_CMA_MIN_BYTES when that is set"},
@@ -46,11 +47,23 @@ const std::vector<Variable> kTable = {
     {"HOCCL_STREAMING_COPY_BYTES", K::Bytes, R::Core, "512K", "",
      "copies into an op's outputs from this size use cache-bypassing stores; 0: off"},
     {"HOCCL_SPIN_US", K::Integer, R::Core, "auto", "",
-     "microseconds a rank busy-waits at a barrier before yielding its core; auto: 30 when the group's ranks "
-     "fit the CPUs this process may run on, else 0"},
+     "microseconds a rank busy-waits at a barrier before yielding its core; auto: 30, or 0 while cores are "
+     "shared (HOCCL_WAIT_POLICY); a value set here holds in both cases"},
     {"HOCCL_CALLER_SPIN_US", K::Integer, R::Core, "auto", "",
      "the same for ops that run on the thread of a caller waiting for them (synchronous CPU collectives); "
-     "auto: 2000 when the group's ranks fit the CPUs this process may run on, else 0"},
+     "auto: 2000, or 0 while cores are shared; a value set here holds in both cases"},
+    {"HOCCL_WAIT_POLICY", K::Choice, R::Core, "auto", "auto,busy,idle",
+     "whether ranks treat their cores as shared: auto decides before each op from the job's ranks on this host "
+     "(LOCAL_WORLD_SIZE, the default group) against the CPUs a rank may use, and from the machine's runnable "
+     "threads (/proc/loadavg, sampled every 50 ms); busy or idle force it. Shared cores: no spin, a short "
+     "yield, all_reduce staged in one round (a group agrees from its next op)"},
+    {"HOCCL_SHARED_YIELD_US", K::Integer, R::Core, "0", "",
+     "while other work shares the cores, microseconds a waiter yields before it sleeps on a futex (1000 "
+     "while only ranks share them, or none)"},
+    {"HOCCL_SHARED_SLICE_US", K::Integer, R::Core, "100", "",
+     "while cores are shared, the scheduler time slice (Linux 6.12+ sched_setattr) a waiter asks for while it "
+     "sleeps, so that its peer's wake-up preempts a compute thread at once; its own slice comes back once "
+     "awake; 0: leave the scheduler alone"},
     {"HOCCL_INLINE_BYTES", K::Bytes, R::Core, "64K", "",
      "ops up to this size run on the caller's thread when nothing is queued"},
     {"HOCCL_ALLTOALL_ALGO", K::Choice, R::Core, "varipath", "varipath,direct,pairwise",

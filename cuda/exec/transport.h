@@ -20,7 +20,7 @@ struct OpDesc {
   int8_t kind;
   int8_t dtype;
   int8_t redop;
-  int8_t pad;
+  int8_t coresShared;  // the publisher's view (backend/core_sharing.h): its group agrees on the next op's rounds
   int32_t root;
   int32_t pad2;
   int64_t numel;  // the size every rank must agree on (op-specific meaning)

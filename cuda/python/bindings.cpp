@@ -10,6 +10,7 @@
 #include "backend/process_group.h"
 #include "transport/shm/shared_tensor.h"
 #include "common/config.h"
+#include "backend/core_sharing.h"
 #include "backend/host_table.h"
 #include "backend/multihost/multihost_group.h"
 #include "varipath/scheduler.h"
@@ -132,6 +133,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("config_value", [](const std::string& name) { return hoccl::config::text(name); }, py::arg("name"),
         "the variable's validated text (its default when unset); raises ValueError naming it when bad");
   m.def("config_describe", &hoccl::config::describe, "the configuration in force, one line per variable");
+  m.def("job_ranks_on_host", &hoccl::jobRanksOnHost,
+        "ranks of this job on this host as hoccl sees them (LOCAL_WORLD_SIZE, the groups made so far)");
+  m.def("runnable_threads_now", &hoccl::runnableThreadsNow,
+        "runnable threads on the machine now (/proc/loadavg, this reader included); -1 if unreadable");
   m.def("host_identity", &hoccl::localHostIdentity,
         "this process's host identity (HOCCL_HOSTNAME, else hostname + boot, /dev/shm and namespaces)");
   bindCuda(m);

@@ -23,13 +23,73 @@ void futexWait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::micr
 
 namespace {
 thread_local std::chrono::microseconds threadSpinFloor{0};
+std::atomic<bool> sharedCores{false};
+std::atomic<int64_t> yieldWindowMicros{1000};
+std::atomic<int64_t> sleeperSliceMicros{0};
+
+void storeIfChanged(std::atomic<int64_t>& word, int64_t value) {
+  if (word.load(std::memory_order_relaxed) != value) word.store(value, std::memory_order_relaxed);
+}
 }  // namespace
+
+// Stores only on a change: every rank's every op calls this, and the line stays shared in caches.
+void setCoresShared(bool shared, std::chrono::microseconds yieldWindow, std::chrono::microseconds sleeperSlice) {
+  if (sharedCores.load(std::memory_order_relaxed) != shared) sharedCores.store(shared, std::memory_order_relaxed);
+  storeIfChanged(yieldWindowMicros, yieldWindow.count());
+  storeIfChanged(sleeperSliceMicros, shared ? sleeperSlice.count() : 0);
+}
+
+bool coresShared() { return sharedCores.load(std::memory_order_relaxed); }
 
 SpinAtLeast::SpinAtLeast(std::chrono::microseconds spin) : saved_(threadSpinFloor) {
   threadSpinFloor = std::max(saved_, spin);
 }
 
 SpinAtLeast::~SpinAtLeast() { threadSpinFloor = saved_; }
+
+namespace {
+
+// struct sched_attr of sched_setattr(2), its first version (48 bytes): glibc does not declare it.
+struct SchedAttr {
+  uint32_t size;
+  uint32_t policy;
+  uint64_t flags;
+  int32_t nice;
+  uint32_t priority;
+  uint64_t runtime;  // SCHED_OTHER: the requested slice in ns (0: the default)
+  uint64_t deadline;
+  uint64_t period;
+};
+
+bool readSchedAttr(SchedAttr* attr) {
+  *attr = SchedAttr{};
+  return syscall(SYS_sched_getattr, 0, attr, static_cast<unsigned>(sizeof(SchedAttr)), 0u) == 0;
+}
+
+bool writeSchedAttr(SchedAttr attr) {
+  attr.size = sizeof(SchedAttr);
+  attr.flags = 0;
+  return syscall(SYS_sched_setattr, 0, &attr, 0u) == 0;
+}
+
+}  // namespace
+
+ShortSlices::ShortSlices(std::chrono::microseconds slice) {
+  if (slice.count() <= 0) return;
+  SchedAttr attr;
+  if (!readSchedAttr(&attr) || (attr.policy != SCHED_OTHER && attr.policy != SCHED_BATCH)) return;
+  savedSliceNs_ = attr.runtime;
+  attr.runtime = static_cast<uint64_t>(slice.count()) * 1000;
+  changed_ = attr.runtime != savedSliceNs_ && writeSchedAttr(attr);
+}
+
+ShortSlices::~ShortSlices() {
+  if (!changed_) return;
+  SchedAttr attr;
+  if (!readSchedAttr(&attr)) return;
+  attr.runtime = savedSliceNs_;
+  writeSchedAttr(attr);
+}
 
 namespace {
 // 64 pause instructions: well under a microsecond.
@@ -57,11 +117,16 @@ void waitUntil(const std::function<bool()>& ready, std::atomic<uint32_t>* word,
       if (spinBriefly(ready)) return;
   }
   // Phase 2: yield so an oversubscribed peer (more ranks than cores) gets the CPU. For up to a
-  // millisecond: a rank that sleeps instead needs a futex wake-up, which on a VM can take longer
-  // than the op, while a yield to the peer that shares the core costs a context switch (4 ranks
-  // on 2 cores, 4 KiB all_reduce: 45-55 instead of 70-79 us with a 50 us window).
+  // millisecond on cores only ranks share: a rank that sleeps instead needs a futex wake-up,
+  // which on a VM can take longer than the op, while a yield to the peer that shares the core
+  // costs a context switch (4 ranks on 2 cores, 4 KiB all_reduce: 45-55 instead of 70-79 us with
+  // a 50 us window). Cores shared with other work get none by default (HOCCL_SHARED_YIELD_US): a
+  // yield hands the core to a compute thread for its whole slice, and under EEVDF it also pushes
+  // the yielder's virtual deadline out, so the futex wake-up that follows no longer preempts
+  // (world 2 beside GEMM threads, 1 MiB all_reduce: 1.2-1.4 ms without yields, 6.6 ms after 50 us).
+  const auto yieldWindow = std::chrono::microseconds(yieldWindowMicros.load(std::memory_order_relaxed));
   auto start = std::chrono::steady_clock::now();
-  while (std::chrono::steady_clock::now() - start < std::chrono::microseconds(1000)) {
+  while (std::chrono::steady_clock::now() - start < yieldWindow) {
     if (ready()) return;
     sched_yield();
   }
@@ -80,6 +145,7 @@ void waitUntil(const std::function<bool()>& ready, std::atomic<uint32_t>* word,
   };
   auto lastCheck = std::chrono::steady_clock::now();
   if (checked()) return;
+  ShortSlices whileAsleep(std::chrono::microseconds(sleeperSliceMicros.load(std::memory_order_relaxed)));
   while (true) {
     uint32_t seen = word->load(std::memory_order_seq_cst);
     if (ready()) return;

@@ -27,6 +27,35 @@ void waitUntil(const std::function<bool()>& ready, std::atomic<uint32_t>* word,
                std::atomic<uint32_t>* waiters, const std::function<void()>& check,
                std::chrono::microseconds spin = std::chrono::microseconds(0));
 
+// Process-wide: whether this host's cores are shared (backend/core_sharing.h decides, before
+// each op), and how long a waiter then yields before it sleeps on the futex. Callers stop
+// spinning while cores are shared; the yield window is a millisecond when only ranks share the
+// cores (a yield hands the core to a peer rank) and shorter when other work shares them (a yield
+// to a compute thread costs that thread's whole time slice; a sleeper is woken on arrival).
+// `sleeperSlice` > 0: a waiter that goes to sleep asks for time slices that short while it
+// sleeps (ShortSlices), so that its peer's wake-up preempts whatever holds its core; it gets its
+// own slice back once awake, so the op's copies are not cut into short slices themselves.
+void setCoresShared(bool shared, std::chrono::microseconds yieldWindow, std::chrono::microseconds sleeperSlice);
+bool coresShared();
+
+// While alive on a thread, and with `slice` > 0: the thread asks the scheduler for time slices of
+// `slice` (sched_setattr's sched_runtime for SCHED_OTHER, Linux 6.12 and later). A task woken
+// with a shorter slice than the one running on its core preempts it (EEVDF), so a rank woken by
+// its peer's arrival runs at once instead of after a compute thread's slice. The thread's own
+// attributes come back on exit; where the kernel refuses (older kernels, real-time policies),
+// nothing changes.
+class ShortSlices {
+ public:
+  explicit ShortSlices(std::chrono::microseconds slice);
+  ~ShortSlices();
+  ShortSlices(const ShortSlices&) = delete;
+  ShortSlices& operator=(const ShortSlices&) = delete;
+
+ private:
+  bool changed_ = false;
+  uint64_t savedSliceNs_ = 0;
+};
+
 // While alive, every wait on this thread spins for at least `spin` before yielding. For a thread
 // whose caller is blocked until the op completes: it has nothing else to run, and the futex
 // wake-up it would otherwise sleep through can outlast the wait (halted vCPUs of a VM).

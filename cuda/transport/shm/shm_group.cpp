@@ -203,11 +203,12 @@ void ShmGroup::arrive(uint32_t barrierIndex) {
 }
 
 void ShmGroup::waitAll(uint32_t barrierIndex, const std::function<void(int)>& check) {
+  const std::chrono::microseconds spin(coresShared() ? cfg_.sharedSpinMicros : cfg_.spinMicros);
   for (int r = 0; r < world_; ++r) {
     if (r == rank_) continue;
     auto& peer = control(r);
     waitUntil([&] { return seqReached(peer.seq.load(std::memory_order_acquire), barrierIndex); },
-              &peer.seq, &peer.seqWaiters, [&] { check(r); }, std::chrono::microseconds(cfg_.spinMicros));
+              &peer.seq, &peer.seqWaiters, [&] { check(r); }, spin);
   }
 }
 

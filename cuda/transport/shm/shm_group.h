@@ -48,6 +48,7 @@ struct ShmConfig {
   size_t ringBytes = 1 << 20;  // per ordered pair
   int crossMemory = -1;        // -1 auto (probe), 0 off, 1 required
   int64_t spinMicros = 0;      // busy-wait this long at a barrier before yielding the core
+  int64_t sharedSpinMicros = 0;  // the same while cores are shared (futex_wait.h coresShared)
 };
 
 // Copies `bytes` from address `remote` in process `pid` into local `dst` (process_vm_readv).

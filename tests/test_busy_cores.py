@@ -1,0 +1,172 @@
+"""Shared cores (issue 33): ranks decide from the whole job and the machine whether their cores are
+shared, and a group stages all_reduce in one round while they are. Results must not depend on
+the mode: every size around the thresholds the mode moves is checked bitwise against an
+independent rank-order reference and against the other mode, at worlds 2, 3 and 4. None of these
+tests is timed; the benchmark (`bench --busy`) measures."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from dist_utils import run_ranks
+
+KIB = 1 << 10
+# Bytes around every threshold the mode moves: the one-shot limit (64K), the idle round (128K),
+# several idle rounds (1M + a remainder), and the start of direct reads (HOCCL_ALLREDUCE_CMA_MIN_BYTES,
+# 2M); odd element counts leave a remainder in the last round and uneven parts per rank.
+SIZES = [4, 64 * KIB - 4, 64 * KIB + 4, 128 * KIB - 2, 128 * KIB, 128 * KIB + 6, 1024 * KIB + 12,
+         2048 * KIB - 4, 2048 * KIB, 2048 * KIB + 8]
+
+
+def _rank_input(rank: int, numel: int, dtype, case: int):
+    import torch
+
+    g = torch.Generator().manual_seed(7919 * case + 104729 * rank + 3)
+    return torch.randn(numel, generator=g, dtype=torch.float32).to(dtype)
+
+
+def _reference(world: int, numel: int, dtype, case: int):
+    """Rank order, one element at a time as IEEE adds: 16-bit types accumulate in float and round
+    once at the end, float32 adds in float32 (what every plan must reproduce bit for bit)."""
+    import torch
+
+    acc = _rank_input(0, numel, dtype, case).float()
+    for r in range(1, world):
+        acc = acc + _rank_input(r, numel, dtype, case).float()
+    return acc.to(dtype)
+
+
+def _group_with_policy(policy: str):
+    """A hoccl group over every rank whose configuration was read with HOCCL_WAIT_POLICY=policy."""
+    import torch.distributed as dist
+
+    os.environ["HOCCL_WAIT_POLICY"] = policy
+    try:
+        return dist.new_group(backend="hoccl")
+    finally:
+        os.environ.pop("HOCCL_WAIT_POLICY", None)
+
+
+def all_reduce_in_both_modes(rank, world, sizes, dtype_names):
+    import torch
+    import torch.distributed as dist
+
+    groups = {p: _group_with_policy(p) for p in ("busy", "idle")}
+    for g in groups.values():  # a group agrees on its mode at one op and applies it from the next
+        dist.all_reduce(torch.ones(4), group=g)
+    mismatches = []
+    for case, (nbytes, name) in enumerate((n, d) for n in sizes for d in dtype_names):
+        dtype = getattr(torch, name)
+        numel = max(1, nbytes // torch.tensor([], dtype=dtype).element_size())
+        expected = _reference(world, numel, dtype, case)
+        for policy, g in groups.items():
+            x = _rank_input(rank, numel, dtype, case)
+            dist.all_reduce(x, group=g)
+            if not torch.equal(x.view(torch.int16 if dtype.itemsize == 2 else torch.int32),
+                               expected.view(torch.int16 if dtype.itemsize == 2 else torch.int32)):
+                bad = (x != expected).nonzero()
+                mismatches.append(f"{policy} {name} {nbytes}B: {bad.numel()} elements differ, first at "
+                                  f"{bad[0].item()}: {x[bad[0]].item()} vs {expected[bad[0]].item()}")
+    return mismatches
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_all_reduce_is_bitwise_the_rank_order_reference_in_busy_and_idle_modes(world):
+    results = run_ranks(all_reduce_in_both_modes, world, SIZES, ["float32", "bfloat16"], timeout=600,
+                        pg_timeout=300)
+    assert results == [[]] * world, results[0][:5]
+
+
+def traced_all_reduces(rank, world, nbytes, ops):
+    import torch
+    import torch.distributed as dist
+
+    x = torch.ones(nbytes // 4)
+    for _ in range(ops):
+        dist.all_reduce(x)
+    return x[0].item()
+
+
+def _barriers_per_op(stderr: str, nbytes: int) -> list[int]:
+    """Barrier counts of the traced all_reduces of this size (HOCCL_DEBUG=TRACE lines)."""
+    pattern = rf"all_reduce #\d+ algo=\S+ transport=\S+ bytes={nbytes} .*?barriers [\d.]+ in (\d+)"
+    return [int(n) for n in re.findall(pattern, stderr)]
+
+
+@pytest.mark.parametrize("policy,barriers", [("busy", 2), ("idle", 16)])
+def test_busy_mode_stages_a_1mib_all_reduce_in_one_round(capfd, policy, barriers):
+    # rs-ag: 2 barriers per round; idle rounds are 128 KiB (8 of them for 1 MiB).
+    env = {"HOCCL_DEBUG": "TRACE", "HOCCL_WAIT_POLICY": policy}
+    assert run_ranks(traced_all_reduces, 2, 1 << 20, 3, env=env, timeout=180) == [8.0, 8.0]  # 1 doubled 3 times
+    counts = _barriers_per_op(capfd.readouterr().err, 1 << 20)
+    assert len(counts) == 6, counts  # 3 ops on 2 ranks
+    # The first op runs before the group has agreed: idle rounds whatever the policy.
+    assert counts[2:] == [barriers] * 4, counts
+
+
+def subgroup_after_the_job(rank, world, nbytes):
+    """The 2-rank subgroup of a 4-rank job on 2 CPUs: its own size fits the CPUs, the job does not."""
+    import torch
+    import torch.distributed as dist
+    from hoccl_backend import _C
+
+    pair = dist.new_group([0, 1], backend="hoccl")
+    ranks_seen = _C.job_ranks_on_host()
+    if rank < 2:
+        x = torch.ones(nbytes // 4)
+        for _ in range(3):
+            dist.all_reduce(x, group=pair)
+        assert x[0].item() == 8.0  # 1 doubled by 3 all_reduces
+    dist.barrier()
+    return ranks_seen
+
+
+def _on_two_cpus():
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs to pin the ranks to")
+    return cpus[:2]
+
+
+def _pinned_job(rank, world, cpus, nbytes):
+    import torch.distributed as dist
+    from datetime import timedelta
+
+    os.environ.pop("LOCAL_WORLD_SIZE", None)
+    os.sched_setaffinity(0, cpus)
+    dist.init_process_group("hoccl", rank=rank, world_size=world, timeout=timedelta(seconds=120))
+    try:
+        return subgroup_after_the_job(rank, world, nbytes)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_subgroup_treats_cores_as_shared_when_the_job_outnumbers_them(capfd):
+    cpus = _on_two_cpus()
+    env = {"HOCCL_DEBUG": "TRACE"}
+    assert run_ranks(_pinned_job, 4, cpus, 1 << 20, backend=None, env=env, timeout=300) == [4] * 4
+    # The pair's ops after its first: one round (2 barriers), as the 4-rank job shares 2 CPUs.
+    counts = _barriers_per_op(capfd.readouterr().err, 1 << 20)
+    assert len(counts) == 6, counts
+    assert counts[2:] == [2] * 4, counts
+
+
+def test_runnable_threads_is_read_from_proc_loadavg():
+    code = ("import torch\nfrom hoccl_backend import _C\n"
+            "print(_C.runnable_threads_now(), open('/proc/loadavg').read().split()[3].split('/')[0])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    mine, theirs = (int(v) for v in out.stdout.split())
+    # Two reads a moment apart: both count at least the reader, and agree up to the machine's churn.
+    assert mine >= 1 and theirs >= 1 and abs(mine - theirs) <= max(4, os.cpu_count())
+
+
+@pytest.mark.parametrize("name,value", [("HOCCL_WAIT_POLICY", "sometimes"), ("HOCCL_SHARED_YIELD_US", "-5")])
+def test_bad_wait_settings_fail_group_creation_naming_the_variable(name, value):
+    results = run_ranks(traced_all_reduces, 2, 16, 1, env={name: value}, expect_errors=True, timeout=120)
+    for status in results:
+        assert status[0] == "error" and name in status[1], status
