@@ -8,6 +8,7 @@
     python -m hoccl_backend.bench --overlap               # GPU only: GEMM slowdown under comm
     python -m hoccl_backend.bench --vs mpi                # hoccl beside Open MPI and torch's floor
     python -m hoccl_backend.bench --busy 1                # 1 GEMM thread per rank beside the collectives
+    python -m hoccl_backend.bench --vs deepspeed          # all_reduce beside DeepSpeed's shm op (bench_deepspeed.py)
     python -m hoccl_backend.bench --hosts 2 --link-gbit 4 # across namespaced hosts (bench_hosts.py)
 
 Each world size runs in one set of spawned ranks holding a group per backend. For each (op,
@@ -66,15 +67,27 @@ def _iters_for(nbytes: int, budget_bytes: int = 1 << 29) -> int:
     return int(max(5, min(200, budget_bytes // max(nbytes, 1))))
 
 
+def _vs_deepspeed(parser, args, rest) -> int:
+    """--vs deepspeed: all_reduce only, in its own runner (bench_deepspeed)."""
+    if args.vs.strip() != "deepspeed" or args.busy:
+        parser.error("--vs deepspeed runs alone (it already shows gloo), without --busy")
+    from hoccl_backend import bench_deepspeed
+
+    argv = ["--world", args.world, "--rounds", str(args.rounds)]
+    return bench_deepspeed.main(argv + (["--sizes", args.sizes] if args.sizes else []) + rest)
+
+
 def _run_op(op, buf, group):
     import torch.distributed as dist
 
     if op == "all_reduce":
         dist.all_reduce(buf["x"], group=group)
     elif op == "all_gather":
-        dist.all_gather_into_tensor(buf["out"], buf["x"], group=group)
+        from hoccl_backend.compat import all_gather_single
+        all_gather_single(buf["out"], buf["x"], group=group)
     elif op == "reduce_scatter":
-        dist.reduce_scatter_tensor(buf["out"], buf["x"], group=group)
+        from hoccl_backend.compat import reduce_scatter_single
+        reduce_scatter_single(buf["out"], buf["x"], group=group)
     elif op == "all_to_all":
         dist.all_to_all_single(buf["out"], buf["x"], group=group)
 
@@ -366,7 +379,9 @@ def main(argv=None) -> int:
     parser.add_argument("--overlap", action="store_true", help="GPU: GEMM throughput under communication")
     parser.add_argument("--vs", default=None,
                         help="peers to compare hoccl with: gloo (default, same as --backend hoccl,gloo), "
-                             "mpi, or mpi,gloo (Open MPI, taking turns with hoccl; see bench_mpi)")
+                             "mpi, or mpi,gloo (Open MPI, taking turns with hoccl; see bench_mpi), or "
+                             "deepspeed (its shared-memory all_reduce, the direct op and gloo; see "
+                             "bench_deepspeed; takes --dtypes)")
     parser.add_argument("--busy", type=int, default=0, metavar="N",
                         help="N compute threads (GEMM loops) per rank beside the collectives; hoccl is also "
                              "timed with them parked ('hoccl idle')")
@@ -390,6 +405,8 @@ def main(argv=None) -> int:
         from hoccl_backend import bench_overlap
 
         return bench_overlap.main(rest)
+    if args.vs and "deepspeed" in args.vs:
+        return _vs_deepspeed(parser, args, rest)
     if rest:
         parser.error(f"unknown arguments {rest}")
     peers = [p.strip() for p in args.vs.split(",") if p.strip()] if args.vs else []

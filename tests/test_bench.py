@@ -126,3 +126,20 @@ def test_bench_busy_rejects_bad_arguments(args, message):
     proc = subprocess.run([sys.executable, "-m", "hoccl_backend.bench", *args], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
+
+
+def test_bench_vs_deepspeed_puts_its_shm_all_reduce_beside_hoccl_and_the_direct_op():
+    """The table's shape and every column's presence (DeepSpeed optional: skipped, saying why)."""
+    pytest.importorskip("deepspeed", reason="deepspeed is not installed (scripts/install.sh "
+                        "installs it where it installs without a GPU)")
+    proc = subprocess.run([sys.executable, "-m", "hoccl_backend.bench", "--vs", "deepspeed",
+                           "--world", "2", "--sizes", "4K", "--dtypes", "fp32", "--rounds", "1"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.lstrip().startswith("dtype"))
+    for col in ("hoccl", "hoccl direct", "deepspeed", "torch floor", "gloo", "direct<=ds"):
+        assert col in lines[head], lines[head]
+    cells = lines[head + 1].split()
+    assert cells[:2] == ["fp32", "4096"]
+    assert all(float(c) > 0 for c in cells[2:7]), cells
