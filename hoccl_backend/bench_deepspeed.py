@@ -23,6 +23,8 @@ bf16 kernel needs AVX-512BW, its fp32 kernel AVX2.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import glob
 import os
 import socket
 import time
@@ -135,12 +137,23 @@ def run(world: int, sizes, dtypes, rounds: int):
              for r in range(world)]
     for p in procs:
         p.start()
-    rows = q.get(timeout=1800)
-    for p in procs:
-        p.join(60)
-        if p.exitcode:
-            raise RuntimeError(f"a rank of the DeepSpeed bench exited with {p.exitcode}")
+    try:
+        rows = q.get(timeout=1800)
+        for p in procs:
+            p.join(60)
+            if p.exitcode:
+                raise RuntimeError(f"a rank of the DeepSpeed bench exited with {p.exitcode}")
+    finally:
+        remove_deepspeed_segments(port)
     return rows
+
+
+def remove_deepspeed_segments(port: int) -> None:
+    """DeepSpeed's shared-memory all_reduce leaves its buffers in /dev/shm after the job (named
+    by MASTER_ADDR and MASTER_PORT); the benchmark removes the ones its run made."""
+    for path in glob.glob(f"/dev/shm/deepspeed_allreduce_buffer_*_127.0.0.1_{port}_*"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 COLUMNS = ("hoccl", "hoccl direct", "deepspeed", "torch floor", "gloo")

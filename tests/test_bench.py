@@ -1,6 +1,7 @@
 """The collective benchmark runs end to end (the torch backends in the same ranks; Open MPI in its
 own, taking turns with them) and its figures are self-consistent. It asserts nothing about speed: figures are for people to read."""
 import contextlib
+import glob
 import io
 import json
 import subprocess
@@ -132,6 +133,7 @@ def test_bench_vs_deepspeed_puts_its_shm_all_reduce_beside_hoccl_and_the_direct_
     """The table's shape and every column's presence (DeepSpeed optional: skipped, saying why)."""
     pytest.importorskip("deepspeed", reason="deepspeed is not installed (scripts/install.sh "
                         "installs it where it installs without a GPU)")
+    leftovers = sorted(glob.glob("/dev/shm/deepspeed_allreduce_buffer_*"))  # other jobs'
     proc = subprocess.run([sys.executable, "-m", "hoccl_backend.bench", "--vs", "deepspeed",
                            "--world", "2", "--sizes", "4K", "--dtypes", "fp32", "--rounds", "1"],
                           capture_output=True, text=True, timeout=300)
@@ -143,3 +145,5 @@ def test_bench_vs_deepspeed_puts_its_shm_all_reduce_beside_hoccl_and_the_direct_
     cells = lines[head + 1].split()
     assert cells[:2] == ["fp32", "4096"]
     assert all(float(c) > 0 for c in cells[2:7]), cells
+    assert sorted(glob.glob("/dev/shm/deepspeed_allreduce_buffer_*")) == leftovers, \
+        "the benchmark left DeepSpeed's shared-memory buffers behind"
