@@ -156,11 +156,16 @@ def main():
                   f"(none: {home:.3f}) replicas {int(st['replicas'])} "
                   f"overflow {int(st['overflow'])} step {dt:.1f} ms", flush=True)
     if rank == 0:
-        warm = times[2:] or times
-        print(f"summary: topoep={'on' if args.topoep else 'off'} mean imbalance "
-              f"{statistics.mean(imbs):.3f} (without balancing {statistics.mean(homes):.3f}), "
-              f"median step {statistics.median(warm):.1f} ms", flush=True)
+        print_summary("", args.topoep, times, imbs, homes)
     dist.destroy_process_group()
+
+
+def print_summary(model: str, topoep_on: bool, times, imbs, homes) -> None:
+    """The closing line: mean imbalance with and without balancing, median step after warm-up."""
+    warm = times[2:] or times
+    print(f"summary: {model}topoep={'on' if topoep_on else 'off'} mean imbalance "
+          f"{statistics.mean(imbs):.3f} (without balancing {statistics.mean(homes):.3f}), "
+          f"median step {statistics.median(warm):.1f} ms", flush=True)
 
 
 def train_hf(args):
@@ -214,10 +219,7 @@ def train_hf(args):
             print(f"step {step:3d} loss {float(lv) / world:.4f} imbalance {imb:.3f} "
                   f"(none: {home:.3f}) step {dt:.1f} ms", flush=True)
     if rank == 0:
-        warm = times[2:] or times
-        print(f"summary: model={args.hf} topoep={'on' if args.topoep else 'off'} mean imbalance "
-              f"{statistics.mean(imbs):.3f} (without balancing {statistics.mean(homes):.3f}), "
-              f"median step {statistics.median(warm):.1f} ms", flush=True)
+        print_summary(f"model={args.hf} ", args.topoep, times, imbs, homes)
     dist.destroy_process_group()
 
 
