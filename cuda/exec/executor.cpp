@@ -4,7 +4,10 @@
 #include <chrono>
 #include <cstring>
 
+#include "exec/reduce_kernels.h"
 #include "exec/streaming_copy.h"
+
+#include <stdexcept>
 
 namespace hoccl {
 namespace {
@@ -15,11 +18,20 @@ double sinceUs(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
+// A rank as the local transport knows it: plans across hosts name ranks of the whole group.
+int Executor::local(int rank, const ExecContext& ctx) const {
+  if (!ctx.localIndex) return rank;
+  const int r = (*ctx.localIndex)[rank];
+  if (r < 0) throw std::logic_error("hoccl: a plan step names rank " + std::to_string(rank) + " of another host");
+  return r;
+}
+
 char* Executor::resolve(const Loc& loc, const ExecContext& ctx) const {
   switch (loc.space) {
     case Space::In: return ctx.in[loc.index] + loc.offset;
     case Space::Out: return ctx.out[loc.index] + loc.offset;
-    case Space::Slot: return transport_.slot(loc.index, (bufCursor_ + loc.buf) & 1) + loc.offset;
+    case Space::Slot: return transport_.slot(local(loc.index, ctx), (bufCursor_ + loc.buf) & 1) + loc.offset;
+    case Space::Scratch: return const_cast<char*>(scratch_.data()) + loc.offset;
     default: return nullptr;  // remote: not addressable here
   }
 }
@@ -29,13 +41,14 @@ size_t Executor::publishedIndex(const Loc& loc) const {
   return static_cast<size_t>(loc.index) + (loc.space == Space::PeerOut ? transport_.world() : 0);
 }
 
-const char* Executor::mappedPeer(const Loc& loc, size_t bytes) {
-  return transport_.mapPeerBlock(loc.buf, addressParity_, publishedIndex(loc), loc.offset, bytes);
+const char* Executor::mappedPeer(const Loc& loc, size_t bytes, const ExecContext& ctx) {
+  return transport_.mapPeerBlock(local(loc.buf, ctx), addressParity_, publishedIndex(loc), loc.offset, bytes);
 }
 
-void Executor::readPeer(const Loc& loc, int64_t extraOffset, void* dst, size_t bytes, PhaseTimes* times) {
+void Executor::readPeer(const Loc& loc, int64_t extraOffset, void* dst, size_t bytes, const ExecContext& ctx) {
+  PhaseTimes* times = ctx.times;
   const auto t0 = times ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
-  transport_.readPeerBlock(loc.buf, addressParity_, publishedIndex(loc), loc.offset + extraOffset, dst, bytes);
+  transport_.readPeerBlock(local(loc.buf, ctx), addressParity_, publishedIndex(loc), loc.offset + extraOffset, dst, bytes);
   if (times) times->readUs += sinceUs(t0);
 }
 
@@ -43,9 +56,9 @@ void Executor::copy(const Step& step, const ExecContext& ctx) {
   char* dst = resolve(step.dst, ctx);
   const char* src = nullptr;
   if (step.src.remote()) {
-    src = mappedPeer(step.src, static_cast<size_t>(step.bytes));
+    src = mappedPeer(step.src, static_cast<size_t>(step.bytes), ctx);
     if (!src) {
-      readPeer(step.src, 0, dst, static_cast<size_t>(step.bytes), ctx.times);
+      readPeer(step.src, 0, dst, static_cast<size_t>(step.bytes), ctx);
       return;
     }
   } else {
@@ -70,7 +83,7 @@ void Executor::reduce(const Step& step, const ExecContext& ctx) {
   bool anyUnmapped = false;
   for (int k = 0; k < n; ++k) {
     const Loc& l = step.srcs[k];
-    whole[k] = l.remote() ? mappedPeer(l, stepBytes) : resolve(l, ctx);
+    whole[k] = l.remote() ? mappedPeer(l, stepBytes, ctx) : resolve(l, ctx);
     anyUnmapped = anyUnmapped || !whole[k];
   }
   std::vector<const void*> srcs(whole.begin(), whole.end());
@@ -93,7 +106,7 @@ void Executor::reduce(const Step& step, const ExecContext& ctx) {
         const Loc& l = step.srcs[k];
         if (!whole[k]) {
           char* tile = tiles_.data() + static_cast<size_t>(k) * tileElems * elem;
-          readPeer(l, off, tile, static_cast<size_t>(len) * elem, ctx.times);
+          readPeer(l, off, tile, static_cast<size_t>(len) * elem, ctx);
           srcs[k] = tile;
         } else {
           srcs[k] = whole[k] + off;
@@ -102,10 +115,49 @@ void Executor::reduce(const Step& step, const ExecContext& ctx) {
       reduceInto(dst + off, srcs.data(), n, len, ctx.dtype, ctx.op);
     }
   }
-  if (step.finalize) postScale(dst, step.count, ctx.dtype, ctx.op, ctx.factor, transport_.world());
+  if (step.finalize) postScale(dst, step.count, ctx.dtype, ctx.op, ctx.factor,
+                                  ctx.localIndex ? static_cast<int>(ctx.localIndex->size()) : transport_.world());
+}
+
+void Executor::post(const Step& step, const ExecContext& ctx) {
+  if (!ctx.net) throw std::logic_error("hoccl: a plan sends across hosts, but the group has no network transport");
+  if (step.kind == Step::Kind::Send)
+    handles_[step.transfer] = ctx.net->isend(step.peer, ctx.netTag, resolve(step.src, ctx), static_cast<size_t>(step.bytes));
+  else
+    handles_[step.transfer] = ctx.net->irecv(step.peer, ctx.netTag, resolve(step.dst, ctx), static_cast<size_t>(step.bytes));
+}
+
+void Executor::waitTransfer(const Step& step, const ExecContext& ctx) {
+  NetTransport::Handle h = handles_[step.transfer];
+  handles_[step.transfer] = -1;
+  ctx.net->wait(h, ctx.check);
+}
+
+void Executor::cancelTransfers(const ExecContext& ctx) {
+  for (auto& h : handles_) {
+    if (h >= 0 && ctx.net) ctx.net->cancel(h);
+    h = -1;
+  }
 }
 
 void Executor::run(const Plan& plan, ExecContext& ctx) {
+  if (!plan.crossesHosts()) {
+    runSteps(plan, ctx);
+    return;
+  }
+  scratch_.resize(static_cast<size_t>(plan.scratchBytes));
+  handles_.assign(static_cast<size_t>(plan.transfers), -1);
+  try {
+    runSteps(plan, ctx);
+  } catch (...) {
+    cancelTransfers(ctx);
+    throw;
+  }
+  for (auto h : handles_)
+    if (h >= 0) throw std::logic_error("hoccl: plan " + plan.algo + " left a transfer without a Wait");
+}
+
+void Executor::runSteps(const Plan& plan, ExecContext& ctx) {
   bool first = !ctx.addressesPublished;
   PhaseTimes* times = ctx.times;
   for (const Step& step : plan.steps) {
@@ -121,7 +173,15 @@ void Executor::run(const Plan& plan, ExecContext& ctx) {
         reduce(step, ctx);
         if (times) times->reduceUs += sinceUs(t0) - (times->readUs - readBefore);
         break;
+      case Step::Kind::Send:
+      case Step::Kind::Recv: post(step, ctx); break;
+      case Step::Kind::Wait:
+        waitTransfer(step, ctx);
+        if (times) times->netUs += sinceUs(t0);
+        break;
       case Step::Kind::Barrier: {
+        if (step.scope == Scope::Group && ctx.localIndex)
+          throw std::logic_error("hoccl: plan " + plan.algo + " has a group barrier across hosts");
         uint32_t index = ++barriers_;
         if (first) {
           transport_.publishDescriptor(index & 1, ctx.desc);

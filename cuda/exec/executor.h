@@ -1,4 +1,4 @@
-// Runs a Plan on a transport (exec/transport.h). Owns the running counters every rank advances identically:
+// Runs a Plan on a transport (transport/local_transport.h). Owns the running counters every rank advances identically:
 // barrier sequence numbers and the staging-buffer cursor.
 #pragma once
 #include <c10/core/ScalarType.h>
@@ -6,8 +6,10 @@
 #include <functional>
 #include <vector>
 
-#include "plan/plan.h"
-#include "exec/transport.h"
+#include "common/plan_types.h"
+#include "common/red_op.h"
+#include "transport/local_transport.h"
+#include "transport/net_transport.h"
 
 namespace hoccl {
 
@@ -15,6 +17,7 @@ namespace hoccl {
 // reads of peers' buffers, also those a reduction pulls; "reduce" is the arithmetic alone.
 struct PhaseTimes {
   double barrierUs = 0, copyUs = 0, readUs = 0, reduceUs = 0;
+  double netUs = 0;  // waiting for transfers across hosts
   int barriers = 0;
 };
 
@@ -32,12 +35,18 @@ struct ExecContext {
   // While blocked on a peer: throws on timeout, abort or a dead peer.
   std::function<void(int waitingFor)> check;
   PhaseTimes* times = nullptr;  // accumulates per-step time when set
+  // Plans across hosts (Plan::crossesHosts): Send/Recv steps go to `net` with tag `netTag` (one
+  // per op, the same on every rank), and plans name ranks of the whole group, which
+  // `localIndex` maps to the local transport's ranks (-1: another host). Unset on one host.
+  NetTransport* net = nullptr;
+  int64_t netTag = 0;
+  const std::vector<int>* localIndex = nullptr;
 };
 
 class Executor {
  public:
   // Copies into the op's outputs of at least streamingMinBytes (> 0) use streaming stores.
-  Executor(Transport& transport, int64_t streamingMinBytes)
+  Executor(LocalTransport& transport, int64_t streamingMinBytes)
       : transport_(transport), streamingMinBytes_(streamingMinBytes) {}
   void run(const Plan& plan, ExecContext& ctx);
   // Once per collective, after its last plan: lets go of peers' shared tensors idle for a while.
@@ -48,15 +57,23 @@ class Executor {
  private:
   char* resolve(const Loc& loc, const ExecContext& ctx) const;
   size_t publishedIndex(const Loc& loc) const;
+  void runSteps(const Plan& plan, ExecContext& ctx);
   // Peer memory as a local pointer when the transport can map it; nullptr: use readPeer.
-  const char* mappedPeer(const Loc& loc, size_t bytes);
-  void readPeer(const Loc& loc, int64_t extraOffset, void* dst, size_t bytes, PhaseTimes* times);
+  const char* mappedPeer(const Loc& loc, size_t bytes, const ExecContext& ctx);
+  void readPeer(const Loc& loc, int64_t extraOffset, void* dst, size_t bytes, const ExecContext& ctx);
   void copy(const Step& step, const ExecContext& ctx);
   void reduce(const Step& step, const ExecContext& ctx);
-  Transport& transport_;
+  void post(const Step& step, const ExecContext& ctx);
+  void waitTransfer(const Step& step, const ExecContext& ctx);
+  // On a failure path: no transfer of the plan may still write into memory the caller frees.
+  void cancelTransfers(const ExecContext& ctx);
+  int local(int rank, const ExecContext& ctx) const;
+  LocalTransport& transport_;
   int64_t streamingMinBytes_;
   uint32_t addressParity_ = 0;  // parity of the current op's first barrier
   std::vector<char> tiles_;     // per-source staging for reductions over remote memory
+  std::vector<char> scratch_;   // Space::Scratch of the running plan
+  std::vector<NetTransport::Handle> handles_;  // per transfer of the running plan; -1 once waited
   uint32_t barriers_ = 0;
   uint32_t bufCursor_ = 0;
 };

@@ -108,21 +108,6 @@ bool isFloating(c10::ScalarType t) { return c10::isFloatingType(t); }
 
 }  // namespace
 
-const char* redOpName(RedOp op) {
-  switch (op) {
-    case RedOp::Sum: return "SUM";
-    case RedOp::Avg: return "AVG";
-    case RedOp::Product: return "PRODUCT";
-    case RedOp::Min: return "MIN";
-    case RedOp::Max: return "MAX";
-    case RedOp::PremulSum: return "PREMUL_SUM";
-    case RedOp::BitAnd: return "BAND";
-    case RedOp::BitOr: return "BOR";
-    case RedOp::BitXor: return "BXOR";
-  }
-  return "?";
-}
-
 size_t elementSize(c10::ScalarType dtype) { return c10::elementSize(dtype); }
 
 std::string checkReducible(c10::ScalarType dtype, RedOp op) {

@@ -7,11 +7,9 @@
 #include <cstdint>
 #include <string>
 
+#include "common/red_op.h"
+
 namespace hoccl {
-
-enum class RedOp : int8_t { Sum, Avg, Product, Min, Max, PremulSum, BitAnd, BitOr, BitXor };
-
-const char* redOpName(RedOp op);
 
 // Empty string when (dtype, op) is supported, else the reason.
 std::string checkReducible(c10::ScalarType dtype, RedOp op);

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "exec/reduce_kernels.h"
+#include "plan/plan.h"
 
 namespace hoccl {
 

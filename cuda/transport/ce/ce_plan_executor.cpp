@@ -50,6 +50,7 @@ CePlanExecutor::Where CePlanExecutor::resolve(const Loc& loc, const CePlanArgs& 
                                std::to_string(loc.index) + ", which was not mapped for this op");
       return {false, nullptr, blocks[r][i] + loc.offset, true};
     }
+    case Space::Scratch: break;  // plans across hosts only, which run on the CPU executor
   }
   throw std::logic_error("hoccl cuda-ce: unknown plan location");
 }
@@ -174,6 +175,10 @@ void CePlanExecutor::run(CUstream stream, const Plan& plan, const CePlanArgs& ar
       case Step::Kind::Copy: copy(stream, step, args); break;
       case Step::Kind::Reduce: reduce(stream, step, args); break;
       case Step::Kind::Barrier: barrier(stream); break;
+      // CUDA tensors cross hosts staged through host memory, on the CPU executor.
+      case Step::Kind::Send:
+      case Step::Kind::Recv:
+      case Step::Kind::Wait: throw std::logic_error("hoccl: the copy-engine executor runs plans of one host only");
     }
   }
   bufCursor_ += static_cast<uint32_t>(plan.buffersUsed);

@@ -32,7 +32,7 @@
 #include <memory>
 #include <vector>
 
-#include "plan/plan.h"
+#include "common/plan_types.h"
 #include "transport/ce/ce_copy.h"
 #include "transport/ce/ce_reduce.h"
 #include "transport/ce/ce_sync.h"

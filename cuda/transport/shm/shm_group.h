@@ -10,7 +10,7 @@
 #include <functional>
 #include <string>
 
-#include "exec/transport.h"
+#include "transport/local_transport.h"
 #include "transport/shm/shared_tensor.h"
 #include "transport/shm/shm_segment.h"
 
@@ -54,7 +54,7 @@ struct ShmConfig {
 // Copies `bytes` from address `remote` in process `pid` into local `dst` (process_vm_readv).
 void crossMemoryRead(int pid, void* dst, uint64_t remote, size_t bytes);
 
-class ShmGroup : public Transport {
+class ShmGroup : public LocalTransport {
  public:
   ShmGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world, ShmConfig cfg,
            std::chrono::milliseconds timeout);
@@ -68,7 +68,7 @@ class ShmGroup : public Transport {
 
   char* slot(int r, int buf) const override;
 
-  // Transport (exec/transport.h). Peer blocks are read through mappings of shared tensors where
+  // Transport (transport/local_transport.h). Peer blocks are read through mappings of shared tensors where
   // the peer's block lies in one, else with cross-memory copies.
   void publishDescriptor(uint32_t parity, const OpDesc& desc) override { control(rank_).desc[parity] = desc; }
   OpDesc descriptor(int r, uint32_t parity) const override { return control(r).desc[parity]; }

@@ -1,0 +1,41 @@
+// What the executor needs from a network engine: the interface every transport between ranks
+// on different hosts implements (transport/net/gloo/ today; an NCCL or RDMA engine goes beside
+// it). Plans name network transfers by peer rank and byte range (common/plan_types.h, Send and
+// Recv steps); the engine moves the bytes, checks that sender and receiver agree on the size, and
+// turns a lost peer into an error naming it.
+//
+// Matching follows MPI's non-overtaking rule: messages from one sender to one receiver with
+// the same tag match the receiver's recvs in the order both posted them. A recv whose sender
+// sent a different number of bytes fails, naming both sizes; the send still completes.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace hoccl {
+
+class NetTransport {
+ public:
+  using Handle = int64_t;
+  virtual ~NetTransport() = default;
+  virtual int rank() const = 0;
+  virtual int world() const = 0;
+
+  // Post a transfer of `bytes` at `data` to (from) group rank `peer`. The memory must stay valid
+  // until wait() returns or cancel() has run for the handle.
+  virtual Handle isend(int peer, int64_t tag, const void* data, size_t bytes) = 0;
+  virtual Handle irecv(int peer, int64_t tag, void* data, size_t bytes) = 0;
+  // Blocks until the transfer is done. `check` runs periodically while blocked and throws on the
+  // group's timeout or abort; a failed transfer (lost peer, size mismatch) throws here.
+  virtual void wait(Handle h, const std::function<void(int waitingFor)>& check) = 0;
+  // On a failure path, before the memory of an unfinished transfer is freed: withdraws a recv
+  // that has not started, waits out one that has (bounded by the group's timeout), ignores errors.
+  virtual void cancel(Handle h) = 0;
+  // Fails every pending and future transfer with `reason`. Idempotent.
+  virtual void abort(const std::string& reason) = 0;
+  // How errors name a peer, e.g. "rank 3 on host 'b'".
+  virtual std::string peerName(int peer) const = 0;
+};
+
+}  // namespace hoccl
