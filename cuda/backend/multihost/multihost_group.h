@@ -3,7 +3,7 @@
 // across hosts on torch's ProcessGroupGloo groups that the Python creator made and this object
 // owns: one per rail (the ranks with the same local index on each host; rail 0 is the host
 // leaders), one over every rank for collectives without a hierarchical form, one for send/recv (framed with
-// a size check, see framed_p2p.h).
+// a size check, see transport/net/gloo/framed_p2p.h).
 // Legs run in issue order on one worker thread, so every gloo group sees its ops in the same
 // order on every member. The algorithms and their choice rule are in docs/multihost.md.
 #pragma once
@@ -18,7 +18,7 @@
 #include <thread>
 
 #include "backend/multihost/alltoall_forms.h"
-#include "backend/multihost/framed_p2p.h"
+#include "transport/net/gloo/framed_p2p.h"
 #include "backend/multihost/host_layout.h"
 #include "backend/process_group.h"
 #include "backend/work.h"

@@ -1,12 +1,9 @@
-#include "backend/multihost/framed_p2p.h"
+#include "transport/net/gloo/framed_p2p.h"
 
 #include <pthread.h>
 
 #include <algorithm>
 #include <cstring>
-
-#include "backend/multihost/legs.h"
-#include "backend/tensor_args.h"
 
 namespace hoccl {
 
@@ -21,6 +18,10 @@ constexpr int64_t kInlineBytes = 16 << 10;
 // The listener waits for the next header as long as the group lives: a gloo wait that expires
 // breaks the whole gloo context, and idling is no fault.
 constexpr std::chrono::milliseconds kForever = std::chrono::hours(24 * 365);
+
+int64_t nbytes(const at::Tensor& t) { return static_cast<int64_t>(t.numel() * t.element_size()); }
+
+at::Tensor bytesOf(const at::Tensor& t) { return t.view(-1).view(at::kByte); }
 
 std::string firstLine(const std::exception& e) {
   std::string what = e.what();
@@ -166,7 +167,7 @@ c10::intrusive_ptr<c10d::Work> FramedP2P::send(const at::Tensor& t, int dst, int
     const int64_t words[] = {tag, slot, bytes, static_cast<int64_t>(payload.scalar_type()), payload.numel()};
     std::memcpy(frame.data_ptr<uint8_t>(), words, kHeaderBytes);
     header = post(true, frame, dst, kHeaderSlot);
-    if (!inlined) body = post(true, legs::bytesOf(payload), dst, slot);
+    if (!inlined) body = post(true, bytesOf(payload), dst, slot);
   }
   return c10::make_intrusive<FramedSendWork>(shared_from_this(), dst, std::move(header), std::move(body));
 }
@@ -254,11 +255,11 @@ void FramedP2P::match(Pending& p, int src, const Header& h) {
                  describeBytes(h.bytes, h.numel, static_cast<at::ScalarType>(h.dtype)) + ", this recv expects " +
                  describeBytes(mine, p.buffer.numel(), p.buffer.scalar_type());
   if (h.inlined.defined()) {
-    if (h.bytes == mine) legs::bytesOf(p.buffer).copy_(h.inlined);
+    if (h.bytes == mine) bytesOf(p.buffer).copy_(h.inlined);
   } else if (h.bytes > 0) {
     // A mismatched payload still lands, whole, in scratch: the sender completes and the pair's
     // next message starts where it should.
-    at::Tensor into = h.bytes == mine ? legs::bytesOf(p.buffer) : at::empty({h.bytes}, at::kByte);
+    at::Tensor into = h.bytes == mine ? bytesOf(p.buffer) : at::empty({h.bytes}, at::kByte);
     try {
       std::lock_guard<std::mutex> postLock(postMutex_);
       p.payload = post(false, into, src, static_cast<int>(h.slot));
