@@ -153,7 +153,7 @@ c10::intrusive_ptr<c10d::Work> FramedP2P::post(bool isSend, const at::Tensor& t,
   return peer < 0 ? gloo_->recvAnysource(one, slot) : gloo_->recv(one, peer, slot);
 }
 
-c10::intrusive_ptr<c10d::Work> FramedP2P::send(const at::Tensor& t, int dst, int tag) {
+c10::intrusive_ptr<c10d::Work> FramedP2P::send(const at::Tensor& t, int dst, int64_t tag) {
   at::Tensor payload = t.contiguous();
   const int64_t bytes = nbytes(payload);
   const bool inlined = bytes <= kInlineBytes;
@@ -172,8 +172,10 @@ c10::intrusive_ptr<c10d::Work> FramedP2P::send(const at::Tensor& t, int dst, int
   return c10::make_intrusive<FramedSendWork>(shared_from_this(), dst, std::move(header), std::move(body));
 }
 
-c10::intrusive_ptr<c10d::Work> FramedP2P::recv(const at::Tensor& user, int src, int tag) {
+c10::intrusive_ptr<c10d::Work> FramedP2P::recv(const at::Tensor& user, int src, int64_t tag,
+                                               std::shared_ptr<Pending>* pending) {
   auto p = std::make_shared<Pending>();
+  if (pending) *pending = p;
   p->wantSrc = src;
   p->tag = tag;
   p->user = user;
@@ -290,6 +292,20 @@ void FramedP2P::awaitMatch(const std::shared_ptr<Pending>& p, std::chrono::stead
   TORCH_CHECK_WITH(DistBackendError, false, "hoccl recv on rank ", rank_, ": no message ",
                    p->wantSrc < 0 ? std::string("from any rank") : "from rank " + std::to_string(p->wantSrc),
                    " with tag ", p->tag, " within the timeout of ", budget.count(), " ms");
+}
+
+bool FramedP2P::withdraw(const std::shared_ptr<Pending>& p, const std::string& why) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (p->matched || !p->failed.empty()) return p->payload == nullptr;
+  posted_.erase(std::remove(posted_.begin(), posted_.end(), p), posted_.end());
+  p->failed = "hoccl recv on rank " + std::to_string(rank_) + ": " + why;
+  matched_.notify_all();
+  return true;
+}
+
+bool FramedP2P::settled(const std::shared_ptr<Pending>& p) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return !p->failed.empty() || (p->matched && p->payload == nullptr);
 }
 
 void FramedP2P::stop(const std::string& reason) {
