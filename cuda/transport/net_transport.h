@@ -11,9 +11,17 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <stdexcept>
 #include <string>
 
 namespace hoccl {
+
+// What a network engine throws when a transfer fails on the network (a lost or unreachable
+// peer, the engine's own timeout); the backend names the lost host from it. Size mismatches
+// and aborts are ordinary runtime errors.
+struct NetTransportError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 class NetTransport {
  public:

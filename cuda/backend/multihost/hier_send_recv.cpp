@@ -2,8 +2,8 @@
 // gloo group for point-to-point, whichever host the peer is on, so that a recv from any source
 // matches senders on every host and messages between a pair keep their order. (Same-host pairs
 // pay a loopback TCP hop; collectives are unaffected.) Messages are framed with a header so that
-// a recv checks the sender's size before any byte lands (framed_p2p.h). A CUDA tensor travels
-// through a pinned host mirror (cuda_via_host.cpp).
+// a recv checks the sender's size before any byte lands (transport/net/gloo/framed_p2p.h). A CUDA
+// tensor travels through a pinned host mirror (cuda_via_host.cpp).
 #include "backend/multihost/multihost_group.h"
 #include "backend/tensor_args.h"
 

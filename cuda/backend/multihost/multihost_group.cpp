@@ -41,6 +41,9 @@ MultiHostGroup::MultiHostGroup(int rank, int size, std::chrono::milliseconds tim
   for (int r = 0; r < size; ++r) allRanks_.push_back(r);
   groups_.local->setTimeout(hostLegTimeout(timeout));
   framed_ = std::make_shared<FramedP2P>(groups_.p2p, rank, timeout);
+  net_ = std::make_unique<GlooNetTransport>(framed_, size, [this](int peer) {
+    return "rank " + std::to_string(peer) + " on " + layout_.describeHost(layout_.hostOf(peer));
+  });
   worker_ = std::thread([this] { workerLoop(); });
 }
 
@@ -54,7 +57,7 @@ void MultiHostGroup::shutdown() {
   }
   cv_.notify_all();
   if (worker_.joinable()) worker_.join();
-  framed_->stop("the process group was shut down");
+  net_->abort("the process group was shut down");  // stops framed_
   groups_.local->shutdown();
 }
 
@@ -65,7 +68,7 @@ void MultiHostGroup::abort() {
   }
   for (auto* g : {groups_.rail.get(), groups_.global.get(), groups_.p2p.get()}) g->abort();
   groups_.local->abortWith("hoccl: rank " + std::to_string(rank_) + " called abort()");
-  framed_->stop("rank " + std::to_string(rank_) + " called abort()");
+  net_->abort("rank " + std::to_string(rank_) + " called abort()");  // stops framed_
   shutdown();
 }
 

@@ -3,7 +3,7 @@
 // across hosts on torch's ProcessGroupGloo groups that the Python creator made and this object
 // owns: one per rail (the ranks with the same local index on each host; rail 0 is the host
 // leaders), one over every rank for collectives without a hierarchical form, one for send/recv (framed with
-// a size check, see framed_p2p.h).
+// a size check, see transport/net/gloo/framed_p2p.h).
 // Legs run in issue order on one worker thread, so every gloo group sees its ops in the same
 // order on every member. The algorithms and their choice rule are in docs/multihost.md.
 #pragma once
@@ -18,7 +18,7 @@
 #include <thread>
 
 #include "backend/multihost/alltoall_forms.h"
-#include "backend/multihost/framed_p2p.h"
+#include "transport/net/gloo/gloo_net_transport.h"
 #include "backend/multihost/host_layout.h"
 #include "backend/process_group.h"
 #include "backend/work.h"
@@ -64,6 +64,8 @@ class MultiHostGroup : public c10d::Backend {
   uint64_t getSequenceNumberForGroup() override { return issued_; }
   std::string lastAlgorithm() const;
   const HostLayout& layout() const { return layout_; }
+  // The network engine for plans across hosts: gloo, on the framed engine user send/recv use.
+  NetTransport* net() const { return net_.get(); }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
@@ -204,6 +206,7 @@ class MultiHostGroup : public c10d::Backend {
   at::Tensor scratch_;
   uint32_t crossTags_ = 0;
   std::shared_ptr<FramedP2P> framed_;  // send/recv over groups_.p2p
+  std::unique_ptr<GlooNetTransport> net_;  // plans' network transfers, on framed_
   std::optional<c10::Stream> comm_;    // CUDA tensors' comm stream (caller's thread only)
   std::thread worker_;
 };

@@ -1,12 +1,9 @@
-#include "backend/multihost/framed_p2p.h"
+#include "transport/net/gloo/framed_p2p.h"
 
 #include <pthread.h>
 
 #include <algorithm>
 #include <cstring>
-
-#include "backend/multihost/legs.h"
-#include "backend/tensor_args.h"
 
 namespace hoccl {
 
@@ -21,6 +18,10 @@ constexpr int64_t kInlineBytes = 16 << 10;
 // The listener waits for the next header as long as the group lives: a gloo wait that expires
 // breaks the whole gloo context, and idling is no fault.
 constexpr std::chrono::milliseconds kForever = std::chrono::hours(24 * 365);
+
+int64_t nbytes(const at::Tensor& t) { return static_cast<int64_t>(t.numel() * t.element_size()); }
+
+at::Tensor bytesOf(const at::Tensor& t) { return t.view(-1).view(at::kByte); }
 
 std::string firstLine(const std::exception& e) {
   std::string what = e.what();
@@ -152,7 +153,7 @@ c10::intrusive_ptr<c10d::Work> FramedP2P::post(bool isSend, const at::Tensor& t,
   return peer < 0 ? gloo_->recvAnysource(one, slot) : gloo_->recv(one, peer, slot);
 }
 
-c10::intrusive_ptr<c10d::Work> FramedP2P::send(const at::Tensor& t, int dst, int tag) {
+c10::intrusive_ptr<c10d::Work> FramedP2P::send(const at::Tensor& t, int dst, int64_t tag) {
   at::Tensor payload = t.contiguous();
   const int64_t bytes = nbytes(payload);
   const bool inlined = bytes <= kInlineBytes;
@@ -166,13 +167,15 @@ c10::intrusive_ptr<c10d::Work> FramedP2P::send(const at::Tensor& t, int dst, int
     const int64_t words[] = {tag, slot, bytes, static_cast<int64_t>(payload.scalar_type()), payload.numel()};
     std::memcpy(frame.data_ptr<uint8_t>(), words, kHeaderBytes);
     header = post(true, frame, dst, kHeaderSlot);
-    if (!inlined) body = post(true, legs::bytesOf(payload), dst, slot);
+    if (!inlined) body = post(true, bytesOf(payload), dst, slot);
   }
   return c10::make_intrusive<FramedSendWork>(shared_from_this(), dst, std::move(header), std::move(body));
 }
 
-c10::intrusive_ptr<c10d::Work> FramedP2P::recv(const at::Tensor& user, int src, int tag) {
+c10::intrusive_ptr<c10d::Work> FramedP2P::recv(const at::Tensor& user, int src, int64_t tag,
+                                               std::shared_ptr<Pending>* pending) {
   auto p = std::make_shared<Pending>();
+  if (pending) *pending = p;
   p->wantSrc = src;
   p->tag = tag;
   p->user = user;
@@ -254,11 +257,11 @@ void FramedP2P::match(Pending& p, int src, const Header& h) {
                  describeBytes(h.bytes, h.numel, static_cast<at::ScalarType>(h.dtype)) + ", this recv expects " +
                  describeBytes(mine, p.buffer.numel(), p.buffer.scalar_type());
   if (h.inlined.defined()) {
-    if (h.bytes == mine) legs::bytesOf(p.buffer).copy_(h.inlined);
+    if (h.bytes == mine) bytesOf(p.buffer).copy_(h.inlined);
   } else if (h.bytes > 0) {
     // A mismatched payload still lands, whole, in scratch: the sender completes and the pair's
     // next message starts where it should.
-    at::Tensor into = h.bytes == mine ? legs::bytesOf(p.buffer) : at::empty({h.bytes}, at::kByte);
+    at::Tensor into = h.bytes == mine ? bytesOf(p.buffer) : at::empty({h.bytes}, at::kByte);
     try {
       std::lock_guard<std::mutex> postLock(postMutex_);
       p.payload = post(false, into, src, static_cast<int>(h.slot));
@@ -289,6 +292,20 @@ void FramedP2P::awaitMatch(const std::shared_ptr<Pending>& p, std::chrono::stead
   TORCH_CHECK_WITH(DistBackendError, false, "hoccl recv on rank ", rank_, ": no message ",
                    p->wantSrc < 0 ? std::string("from any rank") : "from rank " + std::to_string(p->wantSrc),
                    " with tag ", p->tag, " within the timeout of ", budget.count(), " ms");
+}
+
+bool FramedP2P::withdraw(const std::shared_ptr<Pending>& p, const std::string& why) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (p->matched || !p->failed.empty()) return p->payload == nullptr;
+  posted_.erase(std::remove(posted_.begin(), posted_.end(), p), posted_.end());
+  p->failed = "hoccl recv on rank " + std::to_string(rank_) + ": " + why;
+  matched_.notify_all();
+  return true;
+}
+
+bool FramedP2P::settled(const std::shared_ptr<Pending>& p) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return !p->failed.empty() || (p->matched && p->payload == nullptr);
 }
 
 void FramedP2P::stop(const std::string& reason) {

@@ -9,6 +9,9 @@
 // The gloo group is this object's alone: headers on slot 0, payloads on per-sender slots
 // 1..2^31-2 (the user's tag rides in the header), so a header recv can never meet a payload.
 // Payloads up to 16 KiB ride inside their header's message instead.
+//
+// The same engine serves the multi-host group's user send/recv (int tags) and plans' network
+// transfers through GlooNetTransport (gloo_net_transport.h; tags from 2^30, disjoint).
 #pragma once
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
@@ -34,7 +37,7 @@ class FramedP2P : public std::enable_shared_from_this<FramedP2P> {
   // first). Guarded by the engine's mutex.
   struct Pending {
     int wantSrc;  // -1: any source
-    int tag;
+    int64_t tag;
     at::Tensor user, buffer;  // buffer: contiguous, the user tensor itself when it can be
     bool matched = false;
     int src = -1;
@@ -46,8 +49,10 @@ class FramedP2P : public std::enable_shared_from_this<FramedP2P> {
   FramedP2P(c10::intrusive_ptr<c10d::Backend> gloo, int rank, std::chrono::milliseconds timeout);
   ~FramedP2P();
 
-  c10::intrusive_ptr<c10d::Work> send(const at::Tensor& t, int dst, int tag);
-  c10::intrusive_ptr<c10d::Work> recv(const at::Tensor& user, int src, int tag);
+  c10::intrusive_ptr<c10d::Work> send(const at::Tensor& t, int dst, int64_t tag);
+  // `pending`, when given, receives the recv's record (for withdraw() and settled()).
+  c10::intrusive_ptr<c10d::Work> recv(const at::Tensor& user, int src, int64_t tag,
+                                      std::shared_ptr<Pending>* pending = nullptr);
   void setTimeout(std::chrono::milliseconds timeout);
   // Ends the listener; recvs still waiting fail with `reason`. Idempotent.
   void stop(const std::string& reason);
@@ -56,6 +61,13 @@ class FramedP2P : public std::enable_shared_from_this<FramedP2P> {
   // raises on timeout (withdrawing the recv) or failure.
   void awaitMatch(const std::shared_ptr<Pending>& p, std::chrono::steady_clock::time_point start,
                   std::chrono::milliseconds budget);
+  // Withdraws the recv `p` if no message has matched it yet (its wait then fails with `why`; a
+  // message that comes later waits for the next matching recv). True when nothing will write to
+  // the recv's buffer any more: withdrawn, failed, or matched to a message already copied in;
+  // false while its payload is in flight (wait the recv's work out before freeing the buffer).
+  bool withdraw(const std::shared_ptr<Pending>& p, const std::string& why);
+  // Whether the recv's work would complete at once: failed, or matched with nothing in flight.
+  bool settled(const std::shared_ptr<Pending>& p) const;
   std::chrono::milliseconds timeout() const;
   int rank() const { return rank_; }
 
