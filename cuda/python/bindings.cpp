@@ -4,6 +4,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "python/cuda_bindings.h"
+#include "python/plan_bindings.h"
 #include "python/varipath_bindings.h"
 #include "plan/plan.h"
 #include "backend/direct_allreduce.h"
@@ -141,6 +142,7 @@ PYBIND11_MODULE(_C, m) {
         "this process's host identity (HOCCL_HOSTNAME, else hostname + boot, /dev/shm and namespaces)");
   bindCuda(m);
   bindVariPath(m);
+  bindPlans(m);
 #ifdef HOCCL_WITH_CUDA
   m.attr("built_with_cuda") = true;
 #else
