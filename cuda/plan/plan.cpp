@@ -23,6 +23,7 @@ bool allReduceChoosesAfterPublishing(const PlanRequest& req) {
 }
 
 Plan buildPlan(const PlanRequest& req) {
+  if (req.acrossHosts()) return buildPlanAcrossHosts(req);
   if (readsPeersDirectly(req))
     return req.kind == OpKind::AllToAll ? planAllToAllDirectRead(req) : planDirectRead(req);
   switch (req.kind) {

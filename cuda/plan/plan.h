@@ -6,6 +6,8 @@
 namespace hoccl {
 
 Plan buildPlan(const PlanRequest& req);
+// buildPlan for a group whose ranks sit on several hosts (plan/across_hosts.cpp).
+Plan buildPlanAcrossHosts(const PlanRequest& req);
 // True when buildPlan(req) picks a direct-read plan (peers' buffers read in place).
 bool readsPeersDirectly(const PlanRequest& req);
 // all_reduce past allReduceDirectReadMaxBytes: the plan depends on whether every rank's tensor
@@ -25,5 +27,26 @@ Plan planAllToAll(const PlanRequest& req);
 // Single-copy variants: every rank reads what it needs straight from its peers' buffers.
 Plan planDirectRead(const PlanRequest& req);
 Plan planAllToAllDirectRead(const PlanRequest& req);
+
+// Across hosts (steps inside a host name only that host's ranks; Send/Recv cross hosts).
+// all_reduce and reduce: leaders or rails (plan/allreduce_hosts.cpp); rails when hosts are even,
+// the payload is above leaderMaxBytes and has at least as many elements as ranks per host.
+bool reductionUsesRails(const PlanRequest& req);
+Plan planReductionAcrossHosts(const PlanRequest& req, bool rails, bool rootOnly, const char* algo);
+Plan planAllReduceLeaders(const PlanRequest& req);
+Plan planAllReduceRails(const PlanRequest& req);
+Plan planReduceLeaders(const PlanRequest& req);
+Plan planReduceRails(const PlanRequest& req);
+Plan planReduceScatterAcrossHosts(const PlanRequest& req);
+Plan planBarrierAcrossHosts(const PlanRequest& req);
+
+// Data movement across hosts (req.hostOf names several hosts; Slot and peer steps stay on a
+// host, Send/Recv cross): plan/allgather_hosts.cpp, broadcast_hosts.cpp, alltoall_hosts.cpp.
+Plan planAllGatherHosts(const PlanRequest& req, bool onlyRoot);  // gather = only the root's outputs
+Plan planBroadcastHosts(const PlanRequest& req);
+Plan planScatterHosts(const PlanRequest& req);
+// all_to_all across hosts; req.phases lists every pair's bytes (all phases concatenated).
+Plan planAllToAllHostsDirect(const PlanRequest& req);  // cross-host blocks point to point
+Plan planAllToAllHostsRail(const PlanRequest& req);    // relayed, one message per remote host
 
 }  // namespace hoccl

@@ -178,6 +178,25 @@ void bindPlans(py::module& m) {
       "the Plan buildPlan() makes for a PlanRequest given as a dict of its fields in snake_case (kind: the op "
       "name, e.g. 'all_reduce'; phases: [[(src, dst, bytes), ...], ...]; host_of: [host of each rank]): "
       "{algo, buffers_used, scratch_bytes, transfers, steps: [{kind, ...}]}; unknown keys raise ValueError");
+  // Builders buildPlan does not choose today, by name, for tests.
+  m.def(
+      "build_named_plan",
+      [](const std::string& builder, const py::dict& request) {
+        static const std::map<std::string, Plan (*)(const PlanRequest&)> builders = {
+            {"allgather/hosts", [](const PlanRequest& r) { return hoccl::planAllGatherHosts(r, false); }},
+            {"gather/hosts", [](const PlanRequest& r) { return hoccl::planAllGatherHosts(r, true); }},
+            {"broadcast/hosts", hoccl::planBroadcastHosts},
+            {"scatter/hosts", hoccl::planScatterHosts},
+            {"alltoall/hosts-direct", hoccl::planAllToAllHostsDirect},
+            {"alltoall/hosts-rail", hoccl::planAllToAllHostsRail}};
+        auto it = builders.find(builder);
+        if (it == builders.end()) throw py::value_error("build_named_plan: unknown builder '" + builder + "'");
+        return planDict(it->second(requestFrom(request)));
+      },
+      py::arg("builder"), py::arg("request"),
+      "build_plan(request) through the named builder (the builders across hosts: 'allgather/hosts', "
+      "'gather/hosts', 'broadcast/hosts', 'scatter/hosts', 'alltoall/hosts-direct', 'alltoall/hosts-rail'), also "
+      "where buildPlan would choose another (one host, or rail)");
   m.def(
       "describe_plan_request", [](const py::dict& request) { return hoccl::buildPlan(requestFrom(request)).describe(); },
       py::arg("request"), "Plan::describe() of the plan build_plan(request) returns (what HOCCL_DEBUG=TRACE prints)");

@@ -1,0 +1,101 @@
+// all_gather and gather across hosts (PlanRequest::hostOf names more than one host).
+//
+// all_gather: rank r's block crosses to every other host once, point to point from its input
+// straight into the output of r's rail peer there (HostView::railPeer: the rank with r's local
+// index, modulo the host's size on uneven hosts), in messages of at most req.netChunkBytes. Each
+// rank then hands its own block and the blocks it received to the other ranks of its host through
+// its staging slot, in rounds that wait only for the chunks they stage, so the host's rounds run
+// while later chunks still cross. Every block crosses each host boundary once: (H-1) x bytes per
+// rank, the hierarchical minimum.
+//
+// gather: only the root's outputs are written. Every rank of another host sends its block
+// straight into the root's output for it (each block crosses once, into the root's host); the
+// root's host peers stage theirs through their slots for the root.
+#include "plan/host_share.h"
+
+namespace hoccl {
+namespace {
+
+Plan planGatherHosts(const PlanRequest& req) {
+  Plan p;
+  p.algo = "gather/hosts";
+  const HostView hv(req);
+  const int me = req.rank, root = req.root, rootHost = hv.host(root);
+  const int64_t n = req.bytes, chunk = netChunk(req, n);
+  std::vector<Incoming> incoming;
+  std::vector<int> sends;
+  if (n > 0) {
+    if (me == root) {
+      for (int r = 0; r < req.world; ++r)
+        if (hv.host(r) != rootHost) incoming.push_back(recvChunks(p, r, Loc::out(r, 0), n, chunk));
+      p.steps.push_back(Step::copy(Loc::out(root, 0), Loc::in(0, 0), n));
+    } else if (hv.host(me) != rootHost) {
+      sends = sendChunks(p, root, Loc::in(0, 0), n, chunk);
+    }
+  }
+  std::vector<SharedPiece> pieces;  // the root's host: its peers' blocks, for the root
+  for (int q : hv.ranksOf[rootHost])
+    if (q != root) pieces.push_back({q, Loc::in(0, 0), {{root, Loc::out(q, 0)}}});
+  if (hv.host(me) == rootHost) shareThroughSlots(p, req, pieces, n, nullptr);
+  for (auto& in : incoming) in.waitAll(p);
+  p.waitAll(sends);
+  ensureHostBarrier(p);
+  agreeOnBuffers(p, slotRounds(req, pieces, n));
+  return p;
+}
+
+}  // namespace
+
+Plan planAllGatherHosts(const PlanRequest& req, bool onlyRoot) {
+  if (onlyRoot) return planGatherHosts(req);
+  Plan p;
+  p.algo = "allgather/hosts";
+  const HostView hv(req);
+  const int me = req.rank, host = hv.host(me);
+  const int64_t n = req.bytes, chunk = netChunk(req, n);
+  // The rank of `host` that receives r's block from across hosts (r on another host).
+  auto receiverOf = [&](int r) { return hv.railPeer(host, hv.localIndex[r]); };
+  std::vector<Incoming> incoming(req.world);
+  std::vector<int> sends;
+  if (n > 0) {
+    for (int r = 0; r < req.world; ++r)
+      if (hv.host(r) != host && receiverOf(r) == me) incoming[r] = recvChunks(p, r, Loc::out(r, 0), n, chunk);
+    for (int h = 0; h < hv.hosts(); ++h)
+      if (h != host) {
+        auto ts = sendChunks(p, hv.railPeer(h, hv.localIndex[me]), Loc::in(0, 0), n, chunk);
+        sends.insert(sends.end(), ts.begin(), ts.end());
+      }
+    p.steps.push_back(Step::copy(Loc::out(me, 0), Loc::in(0, 0), n));
+  }
+  // Inside a host: each rank hands on its own block, then those it received, in rank order.
+  std::vector<int> blockOf;  // per piece of this host: the block it carries
+  auto piecesOf = [&](int h, std::vector<int>* blocks) {
+    std::vector<SharedPiece> pieces;
+    const std::vector<int>& local = hv.ranksOf[h];
+    for (int q : local) {
+      std::vector<std::pair<int, Loc>> others;
+      for (int t : local)
+        if (t != q) others.push_back({t, Loc::out(q, 0)});
+      pieces.push_back({q, Loc::in(0, 0), others});
+      if (blocks) blocks->push_back(q);
+      for (int r = 0; r < req.world; ++r) {
+        if (hv.host(r) == h || hv.railPeer(h, hv.localIndex[r]) != q) continue;
+        for (auto& o : others) o.second = Loc::out(r, 0);
+        pieces.push_back({q, Loc::out(r, 0), others});
+        if (blocks) blocks->push_back(r);
+      }
+    }
+    return pieces;
+  };
+  const std::vector<SharedPiece> pieces = piecesOf(host, &blockOf);
+  shareThroughSlots(p, req, pieces, n, [&](size_t i, int64_t end) { incoming[blockOf[i]].waitUpTo(p, end); });
+  for (auto& in : incoming) in.waitAll(p);
+  p.waitAll(sends);
+  ensureHostBarrier(p);
+  int most = 0;
+  for (int h = 0; h < hv.hosts(); ++h) most = std::max(most, slotRounds(req, piecesOf(h, nullptr), n));
+  agreeOnBuffers(p, most);
+  return p;
+}
+
+}  // namespace hoccl

@@ -1,0 +1,266 @@
+// all_reduce (and rooted reduce, plan/reduce_hosts.cpp) across hosts: one pipeline, two forms.
+//
+//  leaders: every rank of a host stages its chunk, the host leader (local rank 0) reduces the
+//           host's slots into a partial, leaders exchange partials (each sends its own to every
+//           other leader), every leader reduces all hosts' partials in host order with finalize
+//           into its slot, the host's ranks copy it out. For small payloads and uneven hosts.
+//  rails:   even hosts, L ranks each: local rank l owns 1/L of every chunk (a share). It reduces
+//           its share over its host's slots into a partial that crosses hosts on rail l (the
+//           ranks with local index l): on 2 hosts each rail member sends its whole partial to
+//           the other and both reduce (one hop); on more hosts the rail reduce-scatters (member
+//           of host p reduces piece p of the share) and all-gathers the reduced pieces, so each
+//           host sends and receives 2(H-1)/H of the payload, the hierarchical minimum. Then the
+//           host's ranks copy every share out of its owner's slot.
+//
+// Every element's final value is computed by one rank from the same partials in host order (or,
+// on a 2-host rail and among leaders, by every member from bitwise identical partials in the
+// same order), so every rank ends with the same bytes.
+//
+// Pipeline: chunk j is staged before barrier B_j; after B_j its owners reduce their shares and
+// post the chunk's transfers, then finish chunk j-1 (wait, reduce in host order, post and wait
+// the all-gather hop), copy out chunk j-2 and stage chunk j+1. So chunk j's transfers are in
+// flight while the host works on chunk j+1, and there is one host barrier per chunk (two more at
+// the end; one in all on a host with one rank).
+//
+// Staging buffers (slots) are double-buffered by chunk parity. A slot holds one region per share
+// (region m at m x regionBytes); rank l stages into every region but its own share's and writes
+// the final value of its share into its own region, so staging chunk j+1 and finishing chunk j-1
+// (the same parity) touch disjoint bytes. Partials and received partials live in Scratch,
+// double-buffered by chunk parity too. After the plan's last barrier only its last buffer is
+// read, and before its first barrier only its first is written (the invariant every plan keeps
+// for the next op on the host).
+#include <stdexcept>
+
+#include "plan/host_view.h"
+#include "plan/plan.h"
+#include "plan/plan_util.h"
+
+namespace hoccl {
+
+bool reductionUsesRails(const PlanRequest& req) {
+  const HostView hv(req);
+  if (!hv.even) return false;
+  const int L = hv.localSize(0);
+  return req.bytes > req.leaderMaxBytes && req.bytes / req.elemSize >= L;
+}
+
+namespace {
+
+class HostsReduction {
+ public:
+  HostsReduction(const PlanRequest& req, bool rails, bool rooted, const char* algo)
+      : req_(req), hv_(req), rooted_(rooted) {
+    p_.algo = algo;
+    me_ = req.rank;
+    host_ = hv_.host(me_);
+    local_ = hv_.localIndex[me_];
+    L_ = hv_.localSize(host_);
+    H_ = hv_.hosts();
+    es_ = req.elemSize;
+    if (rails && !hv_.even) throw std::logic_error("hoccl: the rails form needs the same ranks on every host");
+    owners_ = rails ? hv_.localSize(0) : 1;
+    rsag_ = rails && !rooted && H_ > 2;
+    rootHost_ = rooted ? hv_.host(req.root) : -1;
+    // Regions of at most netChunkBytes (the largest message), owners_ of them in a slot.
+    int64_t regionElems = req.slotBytes / owners_ / es_;
+    if (req.netChunkBytes > 0) regionElems = std::min(regionElems, req.netChunkBytes / es_);
+    regionElems_ = std::max<int64_t>(1, regionElems);
+    chunkElems_ = regionElems_ * owners_;
+    total_ = req.bytes / es_;
+    chunks_ = (total_ + chunkElems_ - 1) / chunkElems_;
+    myShare_ = shareOwnedBy(host_, local_);
+    const bool resultInSlot = L_ > 1 && (!rooted_ || (host_ == rootHost_ && owners_ > 1));
+    copyOut_ = resultInSlot;
+  }
+
+  Plan build() {
+    const int K = static_cast<int>(chunks_);
+    if (K == 0) {
+      p_.steps.push_back(Step::barrier(Scope::Host));
+      return std::move(p_);
+    }
+    const int64_t regionBytes = regionElems_ * es_;
+    // Per chunk parity: my partial, then one region per other host.
+    for (int par = 0; par < std::min(K, 2); ++par) scratch_[par] = p_.reserveScratch(regionBytes * H_);
+    hop1_.resize(K);
+    hop2_.resize(K);
+    p_.buffersUsed = K;
+
+    stage(0);
+    p_.steps.push_back(Step::barrier(Scope::Host));
+    for (int j = 0; j < K; ++j) {
+      if (j > 0 && L_ > 1) p_.steps.push_back(Step::barrier(Scope::Host));
+      partialAndPost(j);
+      if (j >= 1) finishReduce(j - 1);
+      if (j >= 2) copyOut(j - 2);
+      if (j + 1 < K) stage(j + 1);
+      if (j >= 1) finishGather(j - 1);
+    }
+    if (!copyOut_) {
+      finishReduce(K - 1);
+      finishGather(K - 1);
+    } else if (K == 1) {
+      finishReduce(0);
+      finishGather(0);
+      p_.steps.push_back(Step::barrier(Scope::Host));
+      copyOut(0);
+    } else {
+      // Chunk K-1's results go to parity K-1, whose chunk K-3 copies were done before B_K.
+      p_.steps.push_back(Step::barrier(Scope::Host));
+      copyOut(K - 2);
+      finishReduce(K - 1);
+      finishGather(K - 1);
+      p_.steps.push_back(Step::barrier(Scope::Host));
+      copyOut(K - 1);
+    }
+    return std::move(p_);
+  }
+
+ private:
+  // The local index on host h that owns share m (reduces it and holds its result).
+  int ownerLocal(int h, int m) const {
+    if (rooted_ && owners_ == 1 && h == rootHost_) return hv_.localIndex[req_.root];
+    return m;
+  }
+  int ownerRank(int h, int m) const { return hv_.ranksOf[h][ownerLocal(h, m)]; }
+  // The share that local index l of host h owns, or -1.
+  int shareOwnedBy(int h, int l) const {
+    for (int m = 0; m < owners_; ++m)
+      if (ownerLocal(h, m) == l) return m;
+    return -1;
+  }
+  int64_t chunkOff(int j) const { return j * chunkElems_; }
+  int64_t chunkLen(int j) const { return std::min(chunkElems_, total_ - chunkOff(j)); }
+  std::pair<int64_t, int64_t> share(int j, int m) const { return balancedRange(chunkLen(j), owners_, m); }
+  int64_t regionOff(int m) const { return m * regionElems_ * es_; }
+  int64_t inOff(int j, int64_t e) const { return (chunkOff(j) + e) * es_; }
+  int64_t scratchOf(int j, int slot) const { return scratch_[j & 1] + slot * regionElems_ * es_; }
+  int otherIndex(int h) const { return h < host_ ? h + 1 : h; }  // scratch region of host h's partial (1..H-1)
+
+  // My contribution to share m of chunk j, where the host's reduction reads it.
+  void stage(int j) {
+    if (L_ == 1) return;
+    for (int m = 0; m < owners_; ++m) {
+      if (ownerLocal(host_, m) == local_) continue;
+      auto [lo, hi] = share(j, m);
+      if (hi > lo)
+        p_.steps.push_back(Step::copy(Loc::slot(me_, j, regionOff(m)), Loc::in(0, inOff(j, lo)), (hi - lo) * es_));
+    }
+  }
+
+  // Where my partial of chunk j lives: my input itself when I am alone on my host.
+  Loc partialLoc(int j, int64_t extraElems) const {
+    auto [lo, hi] = share(j, myShare_);
+    if (L_ == 1) return Loc::in(0, inOff(j, lo + extraElems));
+    return Loc::scratch(scratchOf(j, 0) + extraElems * es_);
+  }
+  Loc receivedLoc(int j, int h) const { return Loc::scratch(scratchOf(j, otherIndex(h))); }
+  // Where the final value of my share of chunk j goes.
+  Loc resultLoc(int j, int64_t extraElems) const {
+    auto [lo, hi] = share(j, myShare_);
+    const bool toOut = rooted_ ? me_ == req_.root : L_ == 1;
+    if (toOut) return Loc::out(0, inOff(j, lo + extraElems));
+    return Loc::slot(me_, j, regionOff(myShare_) + extraElems * es_);
+  }
+
+  void partialAndPost(int j) {
+    if (myShare_ < 0) return;
+    auto [lo, hi] = share(j, myShare_);
+    const int64_t n = hi - lo;
+    if (n == 0) return;
+    if (L_ > 1) {
+      std::vector<Loc> srcs;
+      for (int r : hv_.ranksOf[host_])
+        srcs.push_back(r == me_ ? Loc::in(0, inOff(j, lo)) : Loc::slot(r, j, regionOff(myShare_)));
+      p_.steps.push_back(Step::reduce(partialLoc(j, 0), srcs, n, false));
+    }
+    auto& ids = hop1_[j];
+    for (int h = 0; h < H_; ++h) {
+      if (h == host_) continue;
+      const int peer = ownerRank(h, myShare_);
+      if (rooted_) {
+        if (host_ != rootHost_ && h == rootHost_) ids.push_back(p_.send(peer, partialLoc(j, 0), n * es_));
+        if (host_ == rootHost_) ids.push_back(p_.recv(peer, receivedLoc(j, h), n * es_));
+      } else if (!rsag_) {
+        ids.push_back(p_.send(peer, partialLoc(j, 0), n * es_));
+        ids.push_back(p_.recv(peer, receivedLoc(j, h), n * es_));
+      } else {
+        // Reduce-scatter on the rail: piece h of my share goes to host h, piece host_ of its share comes back.
+        auto [slo, shi] = balancedRange(n, H_, h);
+        if (shi > slo) ids.push_back(p_.send(peer, partialLoc(j, slo), (shi - slo) * es_));
+        auto [mlo, mhi] = balancedRange(n, H_, host_);
+        if (mhi > mlo) ids.push_back(p_.recv(peer, receivedLoc(j, h), (mhi - mlo) * es_));
+      }
+    }
+  }
+
+  // Waits for chunk j's partials and reduces them in host order; on a reduce-scatter rail, posts
+  // the all-gather of the reduced piece.
+  void finishReduce(int j) {
+    if (myShare_ < 0) return;
+    auto [lo, hi] = share(j, myShare_);
+    const int64_t n = hi - lo;
+    if (n == 0) return;
+    p_.waitAll(hop1_[j]);
+    if (rooted_ && host_ != rootHost_) return;
+    if (!rsag_) {
+      std::vector<Loc> srcs;
+      for (int h = 0; h < H_; ++h) srcs.push_back(h == host_ ? partialLoc(j, 0) : receivedLoc(j, h));
+      p_.steps.push_back(Step::reduce(resultLoc(j, 0), srcs, n, true));
+      return;
+    }
+    auto [mlo, mhi] = balancedRange(n, H_, host_);
+    if (mhi > mlo) {
+      std::vector<Loc> srcs;
+      for (int h = 0; h < H_; ++h) srcs.push_back(h == host_ ? partialLoc(j, mlo) : receivedLoc(j, h));
+      p_.steps.push_back(Step::reduce(resultLoc(j, mlo), srcs, mhi - mlo, true));
+    }
+    auto& ids = hop2_[j];
+    for (int h = 0; h < H_; ++h) {
+      if (h == host_) continue;
+      const int peer = ownerRank(h, myShare_);
+      if (mhi > mlo) ids.push_back(p_.send(peer, resultLoc(j, mlo), (mhi - mlo) * es_));
+      auto [slo, shi] = balancedRange(n, H_, h);
+      if (shi > slo) ids.push_back(p_.recv(peer, resultLoc(j, slo), (shi - slo) * es_));
+    }
+  }
+  void finishGather(int j) { p_.waitAll(hop2_[j]); }
+
+  void copyOut(int j) {
+    if (!copyOut_) return;
+    if (rooted_ && me_ != req_.root) return;
+    for (int m = 0; m < owners_; ++m) {
+      const int owner = ownerRank(host_, m);
+      if (rooted_ && owner == me_) continue;  // already in my output
+      auto [lo, hi] = share(j, m);
+      if (hi > lo)
+        p_.steps.push_back(Step::copy(Loc::out(0, inOff(j, lo)), Loc::slot(owner, j, regionOff(m)), (hi - lo) * es_));
+    }
+  }
+
+  const PlanRequest& req_;
+  const HostView hv_;
+  const bool rooted_;
+  Plan p_;
+  int me_, host_, local_, L_, H_, owners_, myShare_, rootHost_;
+  bool rsag_, copyOut_;
+  int64_t es_, regionElems_, chunkElems_, total_, chunks_;
+  int64_t scratch_[2] = {0, 0};
+  std::vector<std::vector<int>> hop1_, hop2_;
+};
+
+}  // namespace
+
+Plan planReductionAcrossHosts(const PlanRequest& req, bool rails, bool rootOnly, const char* algo) {
+  return HostsReduction(req, rails, rootOnly, algo).build();
+}
+
+Plan planAllReduceLeaders(const PlanRequest& req) {
+  return planReductionAcrossHosts(req, false, false, "allreduce/leaders");
+}
+
+Plan planAllReduceRails(const PlanRequest& req) {
+  return planReductionAcrossHosts(req, true, false, "allreduce/rails");
+}
+
+}  // namespace hoccl

@@ -1,0 +1,237 @@
+"""The data-movement builders across hosts (cuda/plan/allgather_hosts.cpp, broadcast_hosts.cpp,
+alltoall_hosts.cpp) run for all ranks at once by the plan simulator (tests/plan_simulator.py):
+every rank's plan of all_gather, gather, broadcast, scatter and all_to_all (direct and rail) on
+even, uneven, interleaved and one-rank-per-host layouts must deliver the references of
+tests/collective_checks.py with no race, deadlock or unmatched message, and cross hosts with the
+minimum bytes (each block crosses each host boundary it must cross once). Staging slots are tiny
+(64 bytes) and messages are chunked (net_chunk_bytes) so that every size runs in many rounds and
+messages; sizes sit on either side of those thresholds. No processes: seconds."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from collective_checks import make_input
+from plan_simulator import SimulationError, Simulator, build_plans, expected_outputs, make_blocks
+
+LAYOUTS = {
+    "1host": [0, 0, 0],
+    "2x2": [0, 0, 1, 1],
+    "2-1-2": [0, 0, 1, 2, 2],
+    "2x1": [0, 1],
+    "interleaved": [0, 1, 0, 1],
+    "3x2": [0, 0, 1, 1, 2, 2],
+    "uneven4": [0, 0, 1, 2, 2, 2, 3],
+    "8x1": list(range(8)),
+    "2x4": [0, 0, 0, 0, 1, 1, 1, 1],
+}
+ACROSS = {k: v for k, v in LAYOUTS.items() if max(v) > 0}
+BIG16 = {"4x4": [r // 4 for r in range(16)], "4x4-interleaved": [r % 4 for r in range(16)]}
+MOVES = ["all_gather", "gather", "broadcast", "scatter"]
+NAMED = {"all_gather": "allgather/hosts", "gather": "gather/hosts", "broadcast": "broadcast/hosts",
+         "scatter": "scatter/hosts"}
+SLOT = 64
+F32 = torch.float32
+
+
+def plans_for(request: dict, builder: str | None) -> list[dict]:
+    """Every rank's plan: buildPlan's choice, or the named builder (_C.build_named_plan)."""
+    if builder is None:
+        return build_plans(request)
+    from hoccl_backend import _C
+
+    return [_C.build_named_plan(builder, dict(request, rank=r)) for r in range(request["world"])]
+
+
+def simulate(kind, host_of, inputs, request, builder=None, order="round_robin", seed=0, what=""):
+    world = len(host_of)
+    req = dict(request, kind=kind, world=world, host_of=host_of)
+    plans = plans_for(req, builder)
+    ins, outs = make_blocks(kind, world, inputs, req.get("root", 0))
+    dtype = torch.float32
+    try:
+        Simulator(world, req["slot_bytes"], host_of).run(plans, ins, outs, dtype=dtype, order=order, seed=seed)
+    except SimulationError as e:
+        raise AssertionError(f"{what}: {e}") from None
+    for r, exp in enumerate(expected_outputs(kind, inputs, "sum", req.get("root", 0))):
+        if exp is None:
+            continue
+        for b, (got, want) in enumerate(zip(outs[r], exp)):
+            assert torch.equal(got, want), f"{what}: rank {r} block {b}: {got[:6].tolist()} != {want[:6].tolist()}"
+    return plans
+
+
+def sent(plans) -> int:
+    return sum(s["bytes"] for p in plans for s in p["steps"] if s["kind"] == "send")
+
+
+def received(plans) -> int:
+    return sum(s["bytes"] for p in plans for s in p["steps"] if s["kind"] == "recv")
+
+
+def minimum_bytes(kind, host_of, nbytes, root=0) -> int:
+    """Bytes that must cross hosts: all_gather every block to every other host; gather and
+    scatter every block of another host than the root's; broadcast the tensor to every other host."""
+    world, hosts = len(host_of), max(host_of) + 1
+    off_root = sum(h != host_of[root] for h in host_of)
+    return {"all_gather": world * (hosts - 1), "gather": off_root, "scatter": off_root,
+            "broadcast": hosts - 1}[kind] * nbytes
+
+
+def inputs_for(kind, world, n, root, case):
+    if kind == "scatter":
+        return [[make_input(r, case * 64 + b, n, F32) for b in range(world)] if r == root else None
+                for r in range(world)]
+    return [make_input(r, case, n, F32) for r in range(world)]
+
+
+# Elements per rank: around one staging round of a 64-byte slot (16 floats) and its parts, and
+# around the 24-byte message chunk (6 floats).
+SIZES = [0, 1, 5, 6, 7, 15, 16, 17, 35]
+
+
+@pytest.mark.parametrize("layout", list(ACROSS), ids=list(ACROSS))
+@pytest.mark.parametrize("kind", MOVES)
+def test_movement_across_hosts(kind, layout):
+    """buildPlan picks the builder across hosts; every size around the thresholds, whole and
+    chunked messages, first, middle and last root in turn."""
+    host_of = ACROSS[layout]
+    world = len(host_of)
+    roots = sorted({0, world // 2, world - 1}) if kind != "all_gather" else [0]
+    i = 0
+    for n in SIZES:
+        for chunk in (0, 24):
+            root = roots[i % len(roots)]
+            i += 1
+            inputs = inputs_for(kind, world, n, root, 100 + n)
+            req = dict(bytes=n * 4, elem_size=4, slot_bytes=SLOT, root=root, net_chunk_bytes=chunk)
+            what = f"{kind} {layout} n={n} chunk={chunk} root={root}"
+            plans = simulate(kind, host_of, inputs, req, what=what)
+            assert {p["algo"] for p in plans} == {NAMED[kind]}, what
+            assert sent(plans) == received(plans) == minimum_bytes(kind, host_of, n * 4, root), what
+            if n == 0:
+                assert not any(s["kind"] in ("send", "recv") for p in plans for s in p["steps"]), what
+            if chunk:  # no message is larger than the chunk
+                assert all(s["bytes"] <= chunk for p in plans for s in p["steps"] if s["kind"] == "send"), what
+
+
+@pytest.mark.parametrize("kind", MOVES)
+def test_movement_on_one_host(kind):
+    """The builders across hosts on one host (no message at all) and on 16 ranks."""
+    for layout, host_of in [("1host", LAYOUTS["1host"])] + list(BIG16.items()):
+        world = len(host_of)
+        for n, root in ((7, world - 1), (17, 0)):
+            inputs = inputs_for(kind, world, n, root, 300 + n)
+            req = dict(bytes=n * 4, elem_size=4, slot_bytes=SLOT, root=root, net_chunk_bytes=32)
+            what = f"{kind} {layout} n={n} root={root}"
+            plans = simulate(kind, host_of, inputs, req, builder=NAMED[kind], what=what)
+            assert sent(plans) == minimum_bytes(kind, host_of, n * 4, root), what
+
+
+@pytest.mark.parametrize("kind", MOVES)
+def test_movement_in_random_orders(kind):
+    """Ranks interleaved step by step in random orders (the happens-before check is the same in
+    every order; this exercises the matching of messages and barriers)."""
+    for layout in ("2-1-2", "interleaved", "uneven4"):
+        host_of = ACROSS[layout]
+        world = len(host_of)
+        for seed in range(3):
+            root = (seed * 2) % world
+            inputs = inputs_for(kind, world, 19, root, 400 + seed)
+            req = dict(bytes=19 * 4, elem_size=4, slot_bytes=SLOT, root=root, net_chunk_bytes=28)
+            simulate(kind, host_of, inputs, req, order="random", seed=seed, what=f"{kind} {layout} seed={seed}")
+
+
+# ---------------------------------------------------------------------------------------------
+# all_to_all
+
+
+def split_matrix(shape: str, world: int, rng: random.Random) -> list[list[int]]:
+    """Elements s sends to d."""
+    if shape == "even":
+        return [[5] * world for _ in range(world)]
+    if shape == "zeros":
+        return [[0 if (s + d) % 3 == 0 else 7 for d in range(world)] for s in range(world)]
+    if shape == "skewed":  # everyone sends most to rank 0, nothing else but a self block
+        return [[(37 if d == 0 else 0) + (s == d) for d in range(world)] for s in range(world)]
+    if shape == "empty":
+        return [[0] * world for _ in range(world)]
+    return [[rng.choice([0, 0, 1, 3, 16, 17, 40]) for _ in range(world)] for _ in range(world)]
+
+
+def phases_for(m, es, split):
+    """The request's phases: every pair once, or every pair in two halves in two phases (a pair
+    listed twice moves the sum)."""
+    W = len(m)
+    if not split:
+        return [[(s, d, m[s][d] * es) for s in range(W) for d in range(W)]]
+    first = [(s, d, m[s][d] // 2 * es) for s in range(W) for d in range(W)]
+    return [first, [(s, d, (m[s][d] - m[s][d] // 2) * es) for s in range(W) for d in reversed(range(W))]]
+
+
+def run_all_to_all(host_of, m, builder, slot, split=False, order="round_robin", seed=0, what=""):
+    world = len(host_of)
+    inputs = [[make_input(s, 500 + d, m[s][d], F32) for d in range(world)] for s in range(world)]
+    req = dict(bytes=sum(map(sum, m)) * 4 // world, elem_size=1, slot_bytes=slot, phases=phases_for(m, 4, split))
+    plans = simulate("all_to_all", host_of, inputs, req, builder=builder, order=order, seed=seed, what=what)
+    cross = sum(m[s][d] * 4 for s in range(world) for d in range(world) if host_of[s] != host_of[d])
+    assert sent(plans) == received(plans) == cross, what
+    return plans
+
+
+A2A_SHAPES = ["even", "zeros", "skewed", "random", "empty"]
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS), ids=list(LAYOUTS))
+@pytest.mark.parametrize("form", ["direct", "rail"])
+def test_all_to_all_across_hosts(form, layout):
+    """Both forms through every split shape, a slot smaller than most blocks and a large one,
+    pairs listed once or in two phases; direct is what buildPlan picks."""
+    host_of = LAYOUTS[layout]
+    world, hosts = len(host_of), max(host_of) + 1
+    rng = random.Random(world * 7 + hosts)
+    for i, shape in enumerate(A2A_SHAPES):
+        m = split_matrix(shape, world, rng)
+        for slot, split in ((SLOT, i % 2 == 0), (4096, i % 2 == 1)):
+            what = f"all_to_all {form} {layout} {shape} slot={slot} split={split}"
+            builder = None if form == "direct" and hosts > 1 else f"alltoall/hosts-{form}"
+            plans = run_all_to_all(host_of, m, builder, slot, split, what=what)
+            assert {p["algo"] for p in plans} == {f"alltoall/hosts-{form}"}, what
+            for r, p in enumerate(plans):
+                peers = [s["peer"] for s in p["steps"] if s["kind"] == "recv"]
+                if form == "direct":  # one message per non-empty cross-host block
+                    assert sorted(peers) == [s for s in range(world) if host_of[s] != host_of[r] and m[s][r]], what
+                else:  # at most one message from each other host
+                    assert len(peers) == len({host_of[q] for q in peers}) <= hosts - 1, what
+
+
+@pytest.mark.parametrize("form", ["direct", "rail"])
+def test_all_to_all_sixteen_ranks_and_random_orders(form):
+    rng = random.Random(16)
+    for layout, host_of in list(BIG16.items()) + [("2-1-2", LAYOUTS["2-1-2"]), ("uneven4", LAYOUTS["uneven4"])]:
+        for seed in range(2 if len(host_of) < 16 else 1):
+            m = split_matrix("random", len(host_of), rng)
+            run_all_to_all(host_of, m, f"alltoall/hosts-{form}", SLOT, split=seed == 1,
+                           order="random" if len(host_of) < 16 else "round_robin", seed=seed,
+                           what=f"all_to_all {form} {layout} seed={seed}")
+
+
+def test_rail_aggregates_messages():
+    """On 2 hosts x 4 ranks with every pair non-empty, direct sends each rank 4 messages, rail 1."""
+    host_of = LAYOUTS["2x4"]
+    m = split_matrix("even", 8, random.Random(0))
+    direct = run_all_to_all(host_of, m, "alltoall/hosts-direct", SLOT, what="direct")
+    rail = run_all_to_all(host_of, m, "alltoall/hosts-rail", SLOT, what="rail")
+    for p in direct:
+        assert sum(s["kind"] == "send" for s in p["steps"]) == 4
+    for p in rail:
+        assert sum(s["kind"] == "send" for s in p["steps"]) == 1
+
+
+def test_named_builder_rejects_unknown_name():
+    from hoccl_backend import _C
+
+    with pytest.raises(ValueError, match="unknown builder"):
+        _C.build_named_plan("alltoall/nope", {"kind": "all_to_all", "world": 1, "rank": 0})
