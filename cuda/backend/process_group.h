@@ -63,6 +63,23 @@ class ProcessGroupHOCCL : public c10d::Backend {
   // (torch.ops.hoccl.all_reduce_, direct_allreduce.cpp).
   void allreduceNow(const at::Tensor& tensor, const c10d::ReduceOp& reduceOp);
 
+  // A group whose ranks sit on several hosts owns one of these per host (over the host's ranks)
+  // and runs collectives of the whole group through it as single plans across hosts
+  // (across_hosts.cpp): steps inside the host on this group's shared memory, steps across hosts
+  // on `net`. Set once, before the first such op.
+  struct HostsContext {
+    int rank = 0, world = 1;       // in the whole group
+    std::vector<int> hostOf;       // per rank of the whole group
+    std::vector<int> localIndex;   // per rank of the whole group: its rank here, -1 on other hosts
+    NetTransport* net = nullptr;
+    int64_t leaderMaxBytes = 0;
+    int64_t netChunkBytes = 0;
+  };
+  void joinHosts(HostsContext hosts);
+  // all_reduce of the whole group, in place, synchronously on the caller's thread; `netTag`
+  // must be the same on every rank of the whole group and unique among its ops in flight.
+  void allreduceAcrossHosts(const at::Tensor& tensor, RedOp op, double factor, int64_t netTag);
+
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
@@ -236,6 +253,12 @@ class ProcessGroupHOCCL : public c10d::Backend {
   std::unique_ptr<OpProfile> profile_;  // HOCCL_DEBUG=INFO and up: printed at shutdown
   mutable std::mutex lastAlgoMutex_;
   std::string lastAlgo_;
+  std::optional<HostsContext> hostsCtx_;
+  std::mutex hostPlanMutex_;
+  std::map<std::tuple<int, int, int64_t, int64_t, int64_t>, std::shared_ptr<const Plan>> hostPlanCache_;
+  // Runs a collective of the whole group across hosts (the caller set c.ctx.net).
+  void runAcrossHosts(Collective& c);
+  std::shared_ptr<const Plan> hostPlanFor(const PlanRequest& req);
   std::shared_ptr<const std::vector<TransferPhase>> lastAllToAllPhases_;  // guarded by lastAlgoMutex_
 };
 

@@ -179,6 +179,10 @@ void ProcessGroupHOCCL::runCollective(Collective& c) {
     throw std::runtime_error(std::string("hoccl ") + c.opName + " on rank " + std::to_string(rank_) +
                              ": the group was aborted earlier: " + group_->abortMessage());
 
+  if (c.ctx.net) {
+    runAcrossHosts(c);  // across_hosts.cpp
+    return;
+  }
   promoteReusedBuffers(c);
 
   if (c.req.kind == OpKind::AllToAll) {

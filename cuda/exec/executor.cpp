@@ -130,7 +130,10 @@ void Executor::post(const Step& step, const ExecContext& ctx) {
 void Executor::waitTransfer(const Step& step, const ExecContext& ctx) {
   NetTransport::Handle h = handles_[step.transfer];
   handles_[step.transfer] = -1;
-  ctx.net->wait(h, ctx.check);
+  const int peer = step.peer;
+  ctx.net->wait(h, [&](int) {
+    if (ctx.checkNet) ctx.checkNet(peer);
+  });
 }
 
 void Executor::cancelTransfers(const ExecContext& ctx) {

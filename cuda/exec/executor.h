@@ -41,6 +41,8 @@ struct ExecContext {
   NetTransport* net = nullptr;
   int64_t netTag = 0;
   const std::vector<int>* localIndex = nullptr;
+  // While waiting for a transfer with group rank `peer`: throws on timeout or abort.
+  std::function<void(int peer)> checkNet;
 };
 
 class Executor {

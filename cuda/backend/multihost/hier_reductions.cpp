@@ -44,6 +44,10 @@ void MultiHostGroup::railAllreduce(const char* op, const at::Tensor& t, RedOp re
 
 void MultiHostGroup::allreduceFlat(const char* op, const at::Tensor& flat, RedOp redOp, double factor) {
   if (flat.numel() == 0) return;
+  if (plans_) {
+    planned(op, [&](ProcessGroupHOCCL& host, int64_t tag) { host.allreduceAcrossHosts(flat, redOp, factor, tag); });
+    return;
+  }
   int L = layout_.localSize(host_);
   bool leaders = !layout_.even || nbytes(flat) <= leaderMaxBytes_ || flat.numel() < L;
   setAlgorithm(leaders ? "multihost_leaders" : "multihost_rails");

@@ -147,6 +147,10 @@ class MultiHostGroup : public c10d::Backend {
   // One point-to-point leg: send `t` to, or receive it from, `peer` (a rank of `group`).
   c10::intrusive_ptr<c10d::Work> startTransfer(const char* op, c10d::Backend& group, const std::vector<int>& members,
                                                bool isSend, int peer, const at::Tensor& t, int tag);
+  // One collective of the whole group as a plan across hosts (planned.cpp), run by the host's
+  // group with a fresh network tag; a network failure becomes interHostFailed's error.
+  void joinHostGroup();
+  void planned(const char* op, const std::function<void(ProcessGroupHOCCL&, int64_t netTag)>& run);
   [[noreturn]] void interHostFailed(const char* op, const std::vector<int>& members, const std::exception& e);
   void checkUsable(const char* op) const;
 
@@ -189,6 +193,7 @@ class MultiHostGroup : public c10d::Backend {
   std::vector<int> allRanks_;
   int64_t leaderMaxBytes_;
   bool checkAcrossHosts_;
+  bool plans_ = config::text("HOCCL_MULTIHOST_PATH") == "plans";  // else the legs
   AlltoallChoice alltoallChoice_ = alltoallChoice(config::text("HOCCL_MULTIHOST_ALLTOALL"));
   AlltoallCosts alltoallCosts_;
   std::chrono::milliseconds timeout_;
