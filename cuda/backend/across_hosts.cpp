@@ -34,6 +34,10 @@ void ProcessGroupHOCCL::runAcrossHosts(Collective& c) {
   c.req.netChunkBytes = hosts.netChunkBytes;
   // Peer reads stay inside a host; the builders across hosts stage through slots.
   c.req.crossMemory = false;
+  // Every input of the plan must be the same on every host: the staging rounds of one host's
+  // ranks follow their view of the cores, which other hosts do not share, so plans across hosts
+  // take the whole slot (the message sizes follow from it).
+  c.req.slotBytes = static_cast<int64_t>(group_->slotBytes());
   c.ctx.localIndex = &hosts.localIndex;
   c.ctx.checkNet = [&](int) {
     if (group_->aborted())
@@ -44,25 +48,38 @@ void ProcessGroupHOCCL::runAcrossHosts(Collective& c) {
   runPlan(c, hostPlanFor(c.req));
 }
 
-void ProcessGroupHOCCL::allreduceAcrossHosts(const at::Tensor& t, RedOp op, double factor, int64_t netTag) {
-  TORCH_CHECK(hostsCtx_, "hoccl all_reduce on rank ", rank_, ": this group was not joined to its hosts");
-  auto work = enqueue(c10d::OpType::ALLREDUCE, {t}, [this, t, op, factor, netTag] {
-    const at::Tensor tensor = reducible(t);
-    Collective c{"all_reduce"};
-    c.req.kind = OpKind::AllReduce;
-    c.req.elemSize = tensor.element_size();
-    c.req.bytes = nbytes(tensor);
-    c.ctx.in = {ptr(tensor)};
-    c.ctx.out = {ptr(tensor)};
-    c.ctx.dtype = tensor.scalar_type();
-    c.ctx.op = op;
-    c.ctx.factor = factor;
-    c.ctx.desc.numel = tensor.numel();
+void ProcessGroupHOCCL::runAcrossHosts(const HostsOp& op, int64_t netTag) {
+  TORCH_CHECK(hostsCtx_, "hoccl ", op.opName, " on rank ", rank_, ": this group was not joined to its hosts");
+  auto work = enqueue(c10d::OpType::UNKNOWN, {}, [this, &op, netTag] {
+    Collective c{op.opName};
+    c.req.kind = op.kind;
+    c.req.root = op.root;
+    c.req.elemSize = op.elemSize;
+    c.req.bytes = op.bytes;
+    c.ctx.in = op.in;
+    c.ctx.out = op.out;
+    c.ctx.dtype = op.dtype;
+    c.ctx.op = op.op;
+    c.ctx.factor = op.factor;
+    c.ctx.desc.numel = op.numel;
     c.ctx.net = hostsCtx_->net;
     c.ctx.netTag = netTag;
     runCollective(c);
   }, INT64_MAX, true);
   work->wait();
+}
+
+void ProcessGroupHOCCL::allreduceAcrossHosts(const at::Tensor& t, RedOp op, double factor, int64_t netTag) {
+  const at::Tensor tensor = reducible(t);
+  HostsOp o{"all_reduce", OpKind::AllReduce};
+  o.elemSize = tensor.element_size();
+  o.bytes = nbytes(tensor);
+  o.in = o.out = {ptr(tensor)};
+  o.dtype = tensor.scalar_type();
+  o.op = op;
+  o.factor = factor;
+  o.numel = tensor.numel();
+  runAcrossHosts(o, netTag);
 }
 
 }  // namespace hoccl

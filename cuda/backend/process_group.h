@@ -76,8 +76,22 @@ class ProcessGroupHOCCL : public c10d::Backend {
     int64_t netChunkBytes = 0;
   };
   void joinHosts(HostsContext hosts);
-  // all_reduce of the whole group, in place, synchronously on the caller's thread; `netTag`
-  // must be the same on every rank of the whole group and unique among its ops in flight.
+  // One collective of the whole group, synchronously on the caller's thread, over raw blocks the
+  // caller keeps alive (laid out as the single-host entry points lay them out); `netTag` must be
+  // the same on every rank of the whole group and unique among its ops in flight.
+  struct HostsOp {
+    const char* opName;
+    OpKind kind;
+    int root = 0;
+    std::vector<char*> in, out;
+    int64_t bytes = 0;     // PlanRequest::bytes
+    int64_t elemSize = 1;
+    int64_t numel = 0;     // what the host's ranks check they agree on
+    c10::ScalarType dtype = c10::ScalarType::Byte;
+    RedOp op = RedOp::Sum;
+    double factor = 1.0;
+  };
+  void runAcrossHosts(const HostsOp& op, int64_t netTag);
   void allreduceAcrossHosts(const at::Tensor& tensor, RedOp op, double factor, int64_t netTag);
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,

@@ -25,6 +25,13 @@ OpSignature bytesSignature(c10d::OpType kind, const at::Tensor& t, int64_t root 
 
 void MultiHostGroup::broadcastFlat(const char* op, const at::Tensor& bytes, int root) {
   if (bytes.numel() == 0) return;
+  if (plans_) {
+    ProcessGroupHOCCL::HostsOp o{op, OpKind::Broadcast, root};
+    o.in = o.out = {ptr(bytes)};
+    o.bytes = o.numel = bytes.numel();
+    planned(op, [&](ProcessGroupHOCCL& host, int64_t tag) { host.runAcrossHosts(o, tag); });
+    return;
+  }
   const int rootHost = layout_.hostOf(root);
   auto inHost = [&](int localRoot) {
     local(op, [&](ProcessGroupHOCCL& g) {
@@ -102,6 +109,14 @@ void MultiHostGroup::allgatherRails(const char* op, const at::Tensor& in, const 
 void MultiHostGroup::allgatherFlat(const char* op, const at::Tensor& in, const std::vector<at::Tensor>& outs) {
   const int64_t n = in.numel(), H = layout_.hosts();
   if (n == 0) return;
+  if (plans_) {
+    ProcessGroupHOCCL::HostsOp o{op, OpKind::AllGather};
+    o.in = {ptr(in)};
+    for (const auto& t : outs) o.out.push_back(ptr(t));
+    o.bytes = o.numel = n;
+    planned(op, [&](ProcessGroupHOCCL& host, int64_t tag) { host.runAcrossHosts(o, tag); });
+    return;
+  }
   auto place = [&](const at::Tensor& all, auto slotOf) {
     for (int r = 0; r < size_; ++r) outs[r].copy_(all.narrow(0, slotOf(r) * n, n));
   };
@@ -318,6 +333,11 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::scatter(std::vector<at::Tensor>& 
 c10::intrusive_ptr<c10d::Work> MultiHostGroup::barrier(const c10d::BarrierOptions&) {
   return enqueue(c10d::OpType::BARRIER, {}, [this] {
     agreeOnRail("barrier", {static_cast<int64_t>(c10d::OpType::BARRIER), -1, 0});
+    if (plans_) {
+      ProcessGroupHOCCL::HostsOp b{"barrier", OpKind::Barrier};
+      planned("barrier", [&](ProcessGroupHOCCL& host, int64_t tag) { host.runAcrossHosts(b, tag); });
+      return;
+    }
     c10d::BarrierOptions o;
     local("barrier", [&](ProcessGroupHOCCL& g) { return g.barrier(o); });
     if (localRank_ == 0) across("barrier", *groups_.rail, myRail_, [&](c10d::Backend& g) { return g.barrier(o); });

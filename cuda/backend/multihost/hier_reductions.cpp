@@ -135,6 +135,19 @@ void MultiHostGroup::reduceScatterFlat(const char* op, const std::vector<at::Ten
                                        RedOp redOp, double factor) {
   const int64_t n = out.numel();
   if (n == 0) return;
+  if (plans_) {
+    ProcessGroupHOCCL::HostsOp o{op, OpKind::ReduceScatter};
+    for (const auto& b : blocks) o.in.push_back(ptr(b));
+    o.out = {ptr(out)};
+    o.elemSize = out.element_size();
+    o.bytes = nbytes(out);
+    o.numel = n;
+    o.dtype = out.scalar_type();
+    o.op = redOp;
+    o.factor = factor;
+    planned(op, [&](ProcessGroupHOCCL& host, int64_t tag) { host.runAcrossHosts(o, tag); });
+    return;
+  }
   if (!layout_.even) {
     setAlgorithm("multihost_leaders");
     at::Tensor packed = at::cat(blocks);

@@ -18,6 +18,7 @@ struct GlooNetTransport::Transfer {
   at::Tensor view;  // the caller's bytes
   c10::intrusive_ptr<c10d::Work> work;
   std::shared_ptr<FramedP2P::Pending> pending;  // recvs: the framed engine's record
+  std::chrono::steady_clock::time_point posted = std::chrono::steady_clock::now();
 
   bool started = false;   // a waiter thread owns the blocking wait
   bool finished = false;  // the work's wait returned or threw (error)
@@ -158,6 +159,13 @@ GlooNetTransport::Handle GlooNetTransport::isend(int peer, int64_t tag, const vo
   } catch (const std::exception& e) {
     throw NetTransportError(describe(*t) + ": " + reasonOf(firstLine(e)));
   }
+  // A send's gloo timeout counts from the start of its blocking wait: start it now, so that every
+  // send of a plan gives up at about the same moment when a link is cut, and a failure path that
+  // settles the others (cancel) does not wait a whole timeout again for each.
+  {
+    std::lock_guard<std::mutex> lock(waiters_->mutex);
+    waiters_->submit(t);
+  }
   return add(std::move(t));
 }
 
@@ -226,11 +234,12 @@ void GlooNetTransport::wait(Handle h, const std::function<void(int waitingFor)>&
 }
 
 void GlooNetTransport::settle(const std::shared_ptr<Transfer>& t) {
-  const auto bound = framed_->timeout() + std::chrono::seconds(1);
   Waiters& w = *waiters_;
   std::unique_lock<std::mutex> lock(w.mutex);
+  // Sends wait from their post (isend), so their bound counts from there too.
+  const auto from = t->started ? t->posted : std::chrono::steady_clock::now();
   if (!t->started) w.submit(t);
-  w.finished.wait_for(lock, bound, [&] { return t->finished; });
+  w.finished.wait_until(lock, from + framed_->timeout() + std::chrono::seconds(1), [&] { return t->finished; });
 }
 
 void GlooNetTransport::cancel(Handle h) {
