@@ -1,5 +1,5 @@
 // buildPlan's choice for groups whose ranks sit on several hosts (req.acrossHosts()): one case
-// per op, each naming the builders of its family across hosts (plan/*_hosts.cpp).
+// per op, each naming the builders of its family across hosts (the plan/ files whose names end in "hosts").
 #include <stdexcept>
 #include <string>
 
