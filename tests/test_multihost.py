@@ -71,11 +71,17 @@ def _check_clean(hosts):
             assert hosts.shm_files(h) == [], f"host {h} kept {hosts.shm_files(h)}"
 
 
+# Both paths across hosts: the legs (the default) and one plan per collective (issue 31's path,
+# HOCCL_MULTIHOST_PATH=plans), against the same references.
+PATHS = ["legs", "plans"]
+
+
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("ranks,check", [([2, 2], "1"), ([2, 1, 2], "1"), ([1, 1], "0")],
                          ids=["2x2", "3hosts-2-1-2", "2x1-unchecked"])
-def test_every_op_across_hosts(ranks, check):
+def test_every_op_across_hosts(ranks, check, path):
     with Hosts(count=len(ranks), ranks=ranks) as hosts:
-        env = dict(SLOTS, HOCCL_CHECK_ACROSS_HOSTS=check)
+        env = dict(SLOTS, HOCCL_CHECK_ACROSS_HOSTS=check, HOCCL_MULTIHOST_PATH=path)
         results = hosts.run_ranks(every_op_default_group, backend="hoccl", pg_timeout=60, env=env, timeout=400)
         expected_hosts = [list(hosts.ranks_of(h)) for h in range(hosts.count)]
         for rank, counts in enumerate(results):
@@ -87,10 +93,11 @@ def test_every_op_across_hosts(ranks, check):
     assert leftovers(run_id) == []
 
 
-def test_every_op_interleaved_placement():
+@pytest.mark.parametrize("path", PATHS)
+def test_every_op_interleaved_placement(path):
     with Hosts(count=2, ranks=[2, 2]) as hosts:
-        results = hosts.run_ranks(every_op_interleaved, backend="hoccl", pg_timeout=60, env=SLOTS,
-                                  timeout=400)
+        results = hosts.run_ranks(every_op_interleaved, backend="hoccl", pg_timeout=60,
+                                  env=dict(SLOTS, HOCCL_MULTIHOST_PATH=path), timeout=400)
         for rank, (group_rank, counts) in enumerate(results):
             assert counts["hosts"] == [[0, 2], [1, 3]], f"rank {rank}: {counts['hosts']}"
         print(f"{hosts.describe()}: interleaved placement, every op checked")
@@ -327,10 +334,12 @@ def all_reduce_until_failure(rank, world, started_dir):
     return ("no error", "", time.monotonic())
 
 
-def test_killed_host_is_named_by_every_survivor(tmp_path):
+@pytest.mark.parametrize("path", PATHS)
+def test_killed_host_is_named_by_every_survivor(tmp_path, path):
     pg_timeout = 20
     with Hosts(count=2, ranks=[2, 2]) as hosts:
-        job = hosts.start(all_reduce_until_failure, str(tmp_path), backend="hoccl", pg_timeout=pg_timeout)
+        job = hosts.start(all_reduce_until_failure, str(tmp_path), backend="hoccl", pg_timeout=pg_timeout,
+                          env={"HOCCL_MULTIHOST_PATH": path})
         wait_for_files(tmp_path, hosts.world, timeout=120)
         time.sleep(1.0)  # well inside the loop of all_reduces
         killed = time.monotonic()
@@ -346,13 +355,15 @@ def test_killed_host_is_named_by_every_survivor(tmp_path):
         _check_clean(hosts)
 
 
-def test_cut_link_raises_within_the_timeout(tmp_path):
+@pytest.mark.parametrize("path", PATHS)
+def test_cut_link_raises_within_the_timeout(tmp_path, path):
     pg_timeout = 10
     with Hosts(count=2, ranks=[1, 1]) as hosts:
         if not hosts.isolated:
             print(f"process-group hosts have no link to cut; {hosts.describe()}")
             return
-        job = hosts.start(all_reduce_until_failure, str(tmp_path), backend="hoccl", pg_timeout=pg_timeout)
+        job = hosts.start(all_reduce_until_failure, str(tmp_path), backend="hoccl", pg_timeout=pg_timeout,
+                          env={"HOCCL_MULTIHOST_PATH": path})
         wait_for_files(tmp_path, hosts.world, timeout=120)
         time.sleep(1.0)
         cut = time.monotonic()

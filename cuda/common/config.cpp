@@ -88,10 +88,10 @@ const std::vector<Variable> kTable = {
     {"HOCCL_CHECK_ACROSS_HOSTS", K::Choice, R::Core, "1", "0,1",
      "across hosts, every collective first checks that its arguments agree on every host (one small gloo "
      "all_gather on the rail); 0 skips it: a mismatch then ends a process inside gloo"},
-    {"HOCCL_MULTIHOST_PATH", K::Choice, R::Core, "plans", "plans,legs",
-     "across hosts: plans (each collective one plan across hosts, run by the host's group with its network "
-     "steps on the inter-host engine, where a plan exists) or legs (the older composition of separate "
-     "host and inter-host collectives, kept to compare against)"},
+    {"HOCCL_MULTIHOST_PATH", K::Choice, R::Core, "legs", "legs,plans",
+     "across hosts: legs (separate host and inter-host collectives) or plans (all_reduce, reduce, "
+     "all_gather, reduce_scatter, broadcast and barrier as one plan across hosts, its network steps on "
+     "the inter-host engine; other ops stay legs); plans become the default once they are as fast"},
     {"HOCCL_MULTIHOST_ALLTOALL", K::Choice, R::Core, "auto", "auto,direct,rail",
      "across hosts, the form of all_to_all: auto (a cost model picks per call from the split matrix), direct "
      "(every cross-host block point to point) or rail (blocks gathered per rail inside each host, one "

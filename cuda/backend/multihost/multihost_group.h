@@ -193,7 +193,7 @@ class MultiHostGroup : public c10d::Backend {
   std::vector<int> allRanks_;
   int64_t leaderMaxBytes_;
   bool checkAcrossHosts_;
-  bool plans_ = config::text("HOCCL_MULTIHOST_PATH") == "plans";  // else the legs
+  bool plans_ = config::text("HOCCL_MULTIHOST_PATH") == "plans";  // else the legs (the default)
   AlltoallChoice alltoallChoice_ = alltoallChoice(config::text("HOCCL_MULTIHOST_ALLTOALL"));
   AlltoallCosts alltoallCosts_;
   std::chrono::milliseconds timeout_;

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <stdexcept>
@@ -215,7 +216,13 @@ void ShmGroup::waitAll(uint32_t barrierIndex, const std::function<void(int)>& ch
 void ShmGroup::abort(const std::string& message) {
   uint32_t expected = 0;
   if (header_->aborted.compare_exchange_strong(expected, 1)) {
-    std::strncpy(header_->abortMessage, message.c_str(), sizeof(header_->abortMessage) - 1);
+    // A long message is cut at a character boundary: peers hand it to Python, which rejects a
+    // UTF-8 sequence cut in half (gloo's messages may carry non-ASCII text).
+    size_t n = std::min(message.size(), sizeof(header_->abortMessage) - 1);
+    if (n < message.size())
+      while (n > 0 && (static_cast<unsigned char>(message[n]) & 0xC0) == 0x80) --n;
+    std::memcpy(header_->abortMessage, message.data(), n);
+    header_->abortMessage[n] = '\0';
     header_->aborted.store(2);
   }
   // Wake everyone who sleeps on any word so they notice the abort promptly.
