@@ -18,7 +18,7 @@ struct GlooNetTransport::Transfer {
   at::Tensor view;  // the caller's bytes
   c10::intrusive_ptr<c10d::Work> work;
   std::shared_ptr<FramedP2P::Pending> pending;  // recvs: the framed engine's record
-  std::chrono::steady_clock::time_point posted = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point waitStarted;  // when a waiter thread began the blocking wait
 
   bool started = false;   // a waiter thread owns the blocking wait
   bool finished = false;  // the work's wait returned or threw (error)
@@ -39,6 +39,7 @@ struct GlooNetTransport::Waiters : std::enable_shared_from_this<Waiters> {
   // ones exist (a blocked wait must not hold up a transfer the caller needs first).
   void submit(const std::shared_ptr<Transfer>& t) {
     t->started = true;
+    t->waitStarted = std::chrono::steady_clock::now();
     jobs.push_back(t);
     if (jobs.size() > idle) std::thread([self = shared_from_this()] { self->loop(); }).detach();
     jobsReady.notify_one();
@@ -236,10 +237,11 @@ void GlooNetTransport::wait(Handle h, const std::function<void(int waitingFor)>&
 void GlooNetTransport::settle(const std::shared_ptr<Transfer>& t) {
   Waiters& w = *waiters_;
   std::unique_lock<std::mutex> lock(w.mutex);
-  // Sends wait from their post (isend), so their bound counts from there too.
-  const auto from = t->started ? t->posted : std::chrono::steady_clock::now();
+  // gloo's own budget for the blocking wait counts from its start (a send's from its post): the
+  // bound follows it, so settling never returns while gloo may still write into the memory.
   if (!t->started) w.submit(t);
-  w.finished.wait_until(lock, from + framed_->timeout() + std::chrono::seconds(1), [&] { return t->finished; });
+  const auto bound = t->waitStarted + framed_->timeout() + std::chrono::seconds(1);
+  w.finished.wait_until(lock, bound, [&] { return t->finished; });
 }
 
 void GlooNetTransport::cancel(Handle h) {
