@@ -6,7 +6,7 @@
 
 #include <vector>
 
-#include "exec/reduce_kernels.h"
+#include "common/reduce_kernels.h"
 
 namespace hoccl {
 

@@ -4,7 +4,7 @@
 #include <chrono>
 #include <cstring>
 
-#include "exec/reduce_kernels.h"
+#include "common/reduce_kernels.h"
 #include "exec/streaming_copy.h"
 
 #include <stdexcept>

@@ -7,7 +7,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <vector>
 
-#include "exec/reduce_kernels.h"
+#include "common/reduce_kernels.h"
 
 namespace hoccl::legs {
 

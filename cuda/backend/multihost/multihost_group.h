@@ -23,7 +23,7 @@
 #include "backend/process_group.h"
 #include "backend/work.h"
 #include "common/config.h"
-#include "exec/reduce_kernels.h"
+#include "common/reduce_kernels.h"
 
 namespace hoccl {
 

@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <thread>
 
-#include "exec/reduce_kernels.h"
+#include "common/reduce_kernels.h"
 #include "plan/plan.h"
 
 namespace hoccl {

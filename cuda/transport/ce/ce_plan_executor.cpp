@@ -4,7 +4,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "exec/reduce_kernels.h"
+#include "common/reduce_kernels.h"
 #include "transport/ce/kernels/reduce_args.h"
 
 namespace hoccl {

@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "common/reduce_kernels.h"
 #include "transport/ce/ce_module.h"
 #include "transport/ce/cuda_driver.h"
-#include "exec/reduce_kernels.h"
 #include "transport/ce/kernels/reduce_args.h"
 
 namespace hoccl {

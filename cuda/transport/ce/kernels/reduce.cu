@@ -1,6 +1,6 @@
 // hoccl's only SM work: the arithmetic of reductions, on data the copy engines already moved.
 //
-// Semantics match the host reductions in cuda/exec/reduce_kernels.cpp exactly, so CUDA results equal
+// Semantics match the host reductions in cuda/common/reduce_kernels.cpp exactly, so CUDA results equal
 // CPU results bit for bit: sources combine in rank order, 16-bit floats accumulate in float and
 // round once (also across chained launches: the running value stays in float in `acc`),
 // AVG/PREMUL_SUM scale after rounding to T (integers divide like C++).

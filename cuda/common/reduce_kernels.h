@@ -1,6 +1,6 @@
-// Host reductions used by the shm transport (and by the cuda-ce transport when data is staged
-// in host memory). Sources are combined in rank order, so every rank computes bitwise-identical
-// results for the elements it owns.
+// Host reduction math, shared by the CPU executor (exec/) and the copy-engine executor's host
+// reductions (transport/ce/, when data is staged in host memory). Sources are combined in rank
+// order, so every rank computes bitwise-identical results for the elements it owns.
 #pragma once
 #include <c10/core/ScalarType.h>
 

@@ -1,4 +1,4 @@
-#include "exec/reduce_kernels.h"
+#include "common/reduce_kernels.h"
 
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
