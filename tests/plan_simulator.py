@@ -4,7 +4,7 @@ The plans come from the real builders (`_C.build_plan`, cuda/python/plan_binding
 simulator plays the executor (cuda/exec/executor.cpp) and the transports for all ranks at once,
 and checks what a real run would only get wrong now and then. It is independent of the C++
 executor: copies are byte copies, reductions are torch ops that reproduce the executor's
-arithmetic (cuda/exec/reduce_kernels.cpp), and the synchronisation model is written from the IR's
+arithmetic (cuda/common/reduce_kernels.cpp), and the synchronisation model is written from the IR's
 contract (cuda/common/plan_types.h).
 
 Memory. Per rank: its In and Out blocks (torch tensors given by the caller, viewed as bytes; the
@@ -123,7 +123,7 @@ def describe(plan: dict) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Reductions (cuda/exec/reduce_kernels.cpp)
+# Reductions (cuda/common/reduce_kernels.cpp)
 
 REDUCE_OPS = ("sum", "avg", "premul", "product", "min", "max", "band", "bor", "bxor")
 
