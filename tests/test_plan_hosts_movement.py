@@ -171,10 +171,11 @@ def phases_for(m, es, split):
     return [first, [(s, d, (m[s][d] - m[s][d] // 2) * es) for s in range(W) for d in reversed(range(W))]]
 
 
-def run_all_to_all(host_of, m, builder, slot, split=False, order="round_robin", seed=0, what=""):
+def run_all_to_all(host_of, m, builder, slot, split=False, order="round_robin", seed=0, what="", **extra):
     world = len(host_of)
     inputs = [[make_input(s, 500 + d, m[s][d], F32) for d in range(world)] for s in range(world)]
-    req = dict(bytes=sum(map(sum, m)) * 4 // world, elem_size=1, slot_bytes=slot, phases=phases_for(m, 4, split))
+    req = dict(bytes=sum(map(sum, m)) * 4 // world, elem_size=1, slot_bytes=slot, phases=phases_for(m, 4, split),
+               **extra)
     plans = simulate("all_to_all", host_of, inputs, req, builder=builder, order=order, seed=seed, what=what)
     cross = sum(m[s][d] * 4 for s in range(world) for d in range(world) if host_of[s] != host_of[d])
     assert sent(plans) == received(plans) == cross, what
@@ -188,7 +189,7 @@ A2A_SHAPES = ["even", "zeros", "skewed", "random", "empty"]
 @pytest.mark.parametrize("form", ["direct", "rail"])
 def test_all_to_all_across_hosts(form, layout):
     """Both forms through every split shape, a slot smaller than most blocks and a large one,
-    pairs listed once or in two phases; direct is what buildPlan picks."""
+    pairs listed once or in two phases; direct through buildPlan with the form forced."""
     host_of = LAYOUTS[layout]
     world, hosts = len(host_of), max(host_of) + 1
     rng = random.Random(world * 7 + hosts)
@@ -197,7 +198,7 @@ def test_all_to_all_across_hosts(form, layout):
         for slot, split in ((SLOT, i % 2 == 0), (4096, i % 2 == 1)):
             what = f"all_to_all {form} {layout} {shape} slot={slot} split={split}"
             builder = None if form == "direct" and hosts > 1 else f"alltoall/hosts-{form}"
-            plans = run_all_to_all(host_of, m, builder, slot, split, what=what)
+            plans = run_all_to_all(host_of, m, builder, slot, split, what=what, all_to_all_form="direct")
             assert {p["algo"] for p in plans} == {f"alltoall/hosts-{form}"}, what
             for r, p in enumerate(plans):
                 peers = [s["peer"] for s in p["steps"] if s["kind"] == "recv"]
@@ -205,6 +206,65 @@ def test_all_to_all_across_hosts(form, layout):
                     assert sorted(peers) == [s for s in range(world) if host_of[s] != host_of[r] and m[s][r]], what
                 else:  # at most one message from each other host
                     assert len(peers) == len({host_of[q] for q in peers}) <= hosts - 1, what
+
+
+def estimated_seconds(host_of, m, form, costs):
+    """The documented estimate of one form (docs/multihost.md): the per-message cost times the
+    most messages a rank sends plus receives, the busiest host link's bytes (the larger way) over
+    the link rate, the most bytes a rank copies beyond the direct form over the copy rate."""
+    message_sec, link_rate, copy_rate = costs
+    world = len(host_of)
+    ranks_of = {}
+    for r, h in enumerate(host_of):
+        ranks_of.setdefault(h, []).append(r)
+    messages, copied = [0] * world, [0] * world
+    out_of, into = {h: 0 for h in ranks_of}, {h: 0 for h in ranks_of}
+    for s in range(world):
+        for d in range(world):
+            if host_of[s] != host_of[d]:
+                out_of[host_of[s]] += m[s][d]
+                into[host_of[d]] += m[s][d]
+                if form == "direct" and m[s][d]:
+                    messages[s] += 1
+                    messages[d] += 1
+            elif form == "rail":
+                copied[s] += m[s][d]
+                copied[d] += m[s][d]
+    if form == "rail":
+        for h, ranks in ranks_of.items():
+            for d in range(world):
+                if host_of[d] == h:
+                    continue
+                relay = ranks[ranks_of[host_of[d]].index(d) % len(ranks)]
+                total = sum(m[s][d] for s in ranks)
+                for s in ranks:
+                    copied[s] += m[s][d]
+                if total:
+                    messages[relay] += 1
+                    messages[d] += 1
+                    copied[relay] += 2 * total
+                    copied[d] += total
+    link = max(max(out_of[h], into[h]) for h in ranks_of)
+    return max(messages) * message_sec + link / link_rate + max(copied) / copy_rate
+
+
+@pytest.mark.parametrize("layout", [k for k in ACROSS], ids=[k for k in ACROSS])
+def test_all_to_all_form_is_the_cheaper_estimate(layout):
+    """buildPlan picks the form of all_to_all across hosts by VarioPath's estimate: against the
+    documented model computed here, under message-, link- and copy-bound costs (ties go direct),
+    and the outputs are right in the form it picks."""
+    host_of = LAYOUTS[layout]
+    world = len(host_of)
+    rng = random.Random(world * 11)
+    for costs in ((250e-6, 0.5e9, 1e9), (1e-9, 1e3, 1e12), (1e-3, 1e12, 1e3), (0.0, 1e9, 1e9)):
+        for shape in A2A_SHAPES:
+            m = split_matrix(shape, world, rng)
+            bytes_m = [[v * 4 for v in row] for row in m]
+            direct, rail = (estimated_seconds(host_of, bytes_m, f, costs) for f in ("direct", "rail"))
+            expected = "rail" if rail < direct else "direct"
+            what = f"{layout} {shape} costs={costs}: direct {direct:.3g} s, rail {rail:.3g} s"
+            plans = run_all_to_all(host_of, m, None, SLOT, what=what, net_costs=costs)
+            assert {p["algo"] for p in plans} == {f"alltoall/hosts-{expected}"}, what
 
 
 @pytest.mark.parametrize("form", ["direct", "rail"])

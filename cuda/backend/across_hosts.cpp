@@ -14,6 +14,8 @@ void ProcessGroupHOCCL::joinHosts(HostsContext hosts) {
 }
 
 std::shared_ptr<const Plan> ProcessGroupHOCCL::hostPlanFor(const PlanRequest& req) {
+  // all_to_all's plan follows its split matrix, which the key does not hold.
+  if (!req.phases.empty()) return std::make_shared<const Plan>(buildPlan(req));
   // The host layout and thresholds are fixed per group: the rest of the request is the key.
   const auto key = std::make_tuple(int(req.kind), req.root, int64_t(req.elemSize), req.bytes, req.slotBytes);
   std::lock_guard<std::mutex> lock(hostPlanMutex_);
@@ -56,6 +58,9 @@ void ProcessGroupHOCCL::runAcrossHosts(const HostsOp& op, int64_t netTag) {
     c.req.root = op.root;
     c.req.elemSize = op.elemSize;
     c.req.bytes = op.bytes;
+    c.req.phases = op.phases;
+    c.req.allToAllForm = op.allToAllForm;
+    c.req.netCosts = op.netCosts;
     c.ctx.in = op.in;
     c.ctx.out = op.out;
     c.ctx.dtype = op.dtype;

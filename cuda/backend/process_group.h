@@ -90,6 +90,9 @@ class ProcessGroupHOCCL : public c10d::Backend {
     c10::ScalarType dtype = c10::ScalarType::Byte;
     RedOp op = RedOp::Sum;
     double factor = 1.0;
+    std::vector<TransferPhase> phases;  // all_to_all: every pair's bytes
+    AllToAllHostsForm allToAllForm = AllToAllHostsForm::Auto;
+    NetCosts netCosts;
   };
   void runAcrossHosts(const HostsOp& op, int64_t netTag);
   void allreduceAcrossHosts(const at::Tensor& tensor, RedOp op, double factor, int64_t netTag);

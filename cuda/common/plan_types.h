@@ -105,6 +105,18 @@ struct Plan {
   std::vector<int> sentTo_, receivedFrom_;  // messages so far, per peer
 };
 
+// What crossing hosts costs: the network engine's cost per message at the rank that sends or
+// receives it, one host link's rate each way, and one rank's copy rate inside its host. VarioPath
+// weighs all_to_all's forms across hosts by them (varipath/across_hosts.h).
+struct NetCosts {
+  double messageSec = 250e-6;
+  double linkBytesPerSec = 0.5e9;
+  double copyBytesPerSec = 1e9;
+};
+
+// all_to_all across hosts: VarioPath's choice (Auto) or a form configuration forces.
+enum class AllToAllHostsForm : uint8_t { Auto, Direct, Relay };
+
 struct Transfer3 { int32_t src; int32_t dst; int64_t bytes; };
 using TransferPhase = std::vector<Transfer3>;
 
@@ -135,6 +147,9 @@ struct PlanRequest {
   int64_t leaderMaxBytes = 0;
   // Across hosts: the largest message a pipelined builder sends at once (0: no limit).
   int64_t netChunkBytes = 0;
+  // Across hosts, all_to_all: the costs VarioPath chooses the form by, unless one is forced.
+  NetCosts netCosts;
+  AllToAllHostsForm allToAllForm = AllToAllHostsForm::Auto;
 
   int hosts() const;
   bool acrossHosts() const { return hosts() > 1; }

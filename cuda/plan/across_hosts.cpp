@@ -4,8 +4,18 @@
 #include <string>
 
 #include "plan/plan.h"
+#include "varipath/across_hosts.h"
 
 namespace hoccl {
+namespace {
+
+// The form configuration forces, else VarioPath's choice for this split matrix and network.
+bool allToAllRelays(const PlanRequest& req) {
+  if (req.allToAllForm != AllToAllHostsForm::Auto) return req.allToAllForm == AllToAllHostsForm::Relay;
+  return varipath::chooseAcrossHosts(req.hostOf, allToAllMatrix(req), req.netCosts) == AllToAllHostsForm::Relay;
+}
+
+}  // namespace
 
 Plan buildPlanAcrossHosts(const PlanRequest& req) {
   switch (req.kind) {
@@ -19,8 +29,7 @@ Plan buildPlanAcrossHosts(const PlanRequest& req) {
     case OpKind::Gather: return planAllGatherHosts(req, true);
     case OpKind::Broadcast: return planBroadcastHosts(req);
     case OpKind::Scatter: return planScatterHosts(req);
-    // direct until the cost model across hosts chooses between direct and rail.
-    case OpKind::AllToAll: return planAllToAllHostsDirect(req);
+    case OpKind::AllToAll: return allToAllRelays(req) ? planAllToAllHostsRail(req) : planAllToAllHostsDirect(req);
     default: throw std::logic_error(std::string("hoccl: no plan across hosts for ") + opKindName(req.kind));
   }
 }

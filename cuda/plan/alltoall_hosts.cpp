@@ -23,16 +23,16 @@
 #include "plan/host_share.h"
 
 namespace hoccl {
-namespace {
 
-// matrix[s * W + d]: the bytes s sends to d.
-std::vector<int64_t> splitMatrix(const PlanRequest& req) {
+std::vector<int64_t> allToAllMatrix(const PlanRequest& req) {
   const int W = req.world;
   std::vector<int64_t> m(static_cast<size_t>(W) * W, 0);
   for (const auto& phase : req.phases)
     for (const auto& t : phase) m[static_cast<size_t>(t.src) * W + t.dst] += t.bytes;
   return m;
 }
+
+namespace {
 
 // Bytes of all_to_all that stay on a host move as on one host: the single-host plan of the
 // same-host pairs of this rank's host (every rank of the host builds the same one).
@@ -60,7 +60,7 @@ Plan planAllToAllHostsDirect(const PlanRequest& req) {
   p.algo = "alltoall/hosts-direct";
   const HostView hv(req);
   const int W = req.world, me = req.rank, host = hv.host(me);
-  const std::vector<int64_t> m = splitMatrix(req);
+  const std::vector<int64_t> m = allToAllMatrix(req);
   std::vector<int> ts;
   for (int s = 0; s < W; ++s)
     if (hv.host(s) != host && m[static_cast<size_t>(s) * W + me] > 0)
@@ -151,7 +151,7 @@ Plan planAllToAllHostsRail(const PlanRequest& req) {
   p.algo = "alltoall/hosts-rail";
   const HostView hv(req);
   const int W = req.world, me = req.rank, host = hv.host(me);
-  const std::vector<int64_t> m = splitMatrix(req);
+  const std::vector<int64_t> m = allToAllMatrix(req);
   auto at = [&](int s, int d) { return m[static_cast<size_t>(s) * W + d]; };
 
   // What arrives: one message per remote host from its relay for me, that host's blocks for me

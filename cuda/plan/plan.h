@@ -48,5 +48,7 @@ Plan planScatterHosts(const PlanRequest& req);
 // all_to_all across hosts; req.phases lists every pair's bytes (all phases concatenated).
 Plan planAllToAllHostsDirect(const PlanRequest& req);  // cross-host blocks point to point
 Plan planAllToAllHostsRail(const PlanRequest& req);    // relayed, one message per remote host
+// req.phases as a matrix: [s * world + d] is the bytes s sends to d.
+std::vector<int64_t> allToAllMatrix(const PlanRequest& req);
 
 }  // namespace hoccl

@@ -70,6 +70,16 @@ PlanRequest requestFrom(const py::dict& d) {
     else if (key == "host_of") req.hostOf = field<std::vector<int>>(v, key);
     else if (key == "leader_max_bytes") req.leaderMaxBytes = field<int64_t>(v, key);
     else if (key == "net_chunk_bytes") req.netChunkBytes = field<int64_t>(v, key);
+    else if (key == "all_to_all_form") {
+      const auto form = field<std::string>(v, key);
+      if (form == "auto") req.allToAllForm = hoccl::AllToAllHostsForm::Auto;
+      else if (form == "direct") req.allToAllForm = hoccl::AllToAllHostsForm::Direct;
+      else if (form == "relay") req.allToAllForm = hoccl::AllToAllHostsForm::Relay;
+      else throw py::value_error("build_plan: all_to_all_form '" + form + "' is not auto, direct or relay");
+    } else if (key == "net_costs") {
+      const auto c = field<std::tuple<double, double, double>>(v, key);
+      req.netCosts = {std::get<0>(c), std::get<1>(c), std::get<2>(c)};
+    }
     else if (key == "phases") {
       for (const auto& ph : field<std::vector<std::vector<std::tuple<int, int, int64_t>>>>(v, key)) {
         req.phases.emplace_back();

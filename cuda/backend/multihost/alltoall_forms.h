@@ -1,21 +1,14 @@
-// The two forms of all_to_all across hosts and the cost model that picks one per call.
-//
-// direct: every cross-host block goes point to point from its sender's input into its
-//   receiver's output (one gloo message per non-empty cross-host pair).
-// rail:   inside each host, every rank first hands the blocks for remote rank d to its host's
-//   relay for d (the local rank whose local index is d's local index, modulo the host's size:
-//   d's rail peer wherever the host has one); each relay then sends one aggregated message per
-//   destination, and the destination scatters it into its output. Per destination one message
-//   per remote host instead of one per remote rank, for extra copies inside the hosts.
-//
-// Both the plan and the choice are functions of the host layout and the split matrix only; every
-// rank holds the same matrix after the split exchange, so every rank runs the same form.
+// all_to_all across hosts on the legs: the split matrix every rank gathers, the form setting,
+// and the relay of each block. The forms and the cost model that picks one per call are
+// VarioPath's (varipath/across_hosts.h); every rank holds the same matrix after the split
+// exchange, so every rank runs the same form.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "backend/multihost/host_layout.h"
+#include "common/plan_types.h"
 
 namespace hoccl {
 
@@ -28,28 +21,14 @@ struct SplitMatrix {
   int64_t expectedAt(int d, int s) const { return expected[static_cast<size_t>(d) * world + s]; }
 };
 
-enum class AlltoallForm { Direct, Rail };
-
-// HOCCL_MULTIHOST_ALLTOALL: auto (the cost model), direct or rail.
-enum class AlltoallChoice { Auto, Direct, Rail };
-AlltoallChoice alltoallChoice(const std::string& setting);
+// HOCCL_MULTIHOST_ALLTOALL: auto (VarioPath's choice), direct or rail.
+AllToAllHostsForm alltoallChoice(const std::string& setting);
 
 // The rank of host `srcHost` that relays every block of that host destined for rank `dst`.
 int relayFor(const HostLayout& layout, int srcHost, int dst);
 
-// The constants of the cost model (docs/multihost.md). Defaults measured on the 2-core test VM.
-struct AlltoallCosts {
-  double messageSec = 250e-6;      // alpha: one cross-host message at the rank that sends or receives it
-  double linkBytesPerSec = 0.5e9;  // beta: one host's link, each way
-  double copyBytesPerSec = 1e9;    // gamma: one rank's memory copies inside a host, allocations included
-};
-
-// Estimated seconds of one form for this matrix: alpha x the most messages any rank sends plus
-// receives, the busiest host link's bytes over beta, the most bytes any rank copies over gamma.
-double estimateSeconds(const HostLayout& layout, const SplitMatrix& m, AlltoallForm form,
-                       const AlltoallCosts& costs);
-
-// The cheaper form (direct on a tie: it needs no extra copies).
-AlltoallForm chooseForm(const HostLayout& layout, const SplitMatrix& m, const AlltoallCosts& costs);
+// The form to run: the forced one, else VarioPath's choice for this matrix (varipath/across_hosts.h).
+AllToAllHostsForm chooseForm(AllToAllHostsForm forced, const HostLayout& layout, const SplitMatrix& m,
+                             const NetCosts& costs);
 
 }  // namespace hoccl

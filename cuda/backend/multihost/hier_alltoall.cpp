@@ -2,7 +2,7 @@
 // memory while the blocks that cross hosts go straight to their destination over the global
 // gloo group, at the same time. Each cross-host byte crosses once, so the link carries exactly
 // the cross-host part of the split matrix (the direct form of docs/multihost.md). The rail form
-// is in hier_alltoall_rail.cpp; alltoall_forms.h holds the cost model that picks between them.
+// is in hier_alltoall_rail.cpp; VarioPath's cost model (varipath/across_hosts.h) picks between them.
 #include "backend/multihost/legs.h"
 #include "backend/multihost/multihost_group.h"
 #include "backend/tensor_args.h"
@@ -41,12 +41,10 @@ void MultiHostGroup::alltoallBytes(const std::vector<at::Tensor>& ins, const std
     sendBytes.push_back(ins[r].numel());
     recvBytes.push_back(outs[r].numel());
   }
-  if (!checkAcrossHosts_ && alltoallChoice_ != AlltoallChoice::Rail) return alltoallDirect(ins, outs, op);
+  if (plans_) return alltoallPlanned(ins, outs, op, sendBytes, recvBytes);
+  if (!checkAcrossHosts_ && alltoallChoice_ != AllToAllHostsForm::Relay) return alltoallDirect(ins, outs, op);
   const SplitMatrix m = exchangeSplits(op, sendBytes, recvBytes, checkAcrossHosts_);
-  AlltoallForm form = alltoallChoice_ == AlltoallChoice::Rail     ? AlltoallForm::Rail
-                      : alltoallChoice_ == AlltoallChoice::Direct ? AlltoallForm::Direct
-                                                                  : chooseForm(layout_, m, alltoallCosts_);
-  if (form == AlltoallForm::Direct) return alltoallDirect(ins, outs, op);
+  if (chooseForm(alltoallChoice_, layout_, m, netCosts_) == AllToAllHostsForm::Direct) return alltoallDirect(ins, outs, op);
   checkSplits(op, m, true);  // the rail form packs same-host blocks into its own host leg
   alltoallRail(ins, outs, op, m);
 }

@@ -275,6 +275,17 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::gather(std::vector<std::vector<at
                  [this, staged, in, root] {
                    agreeOnRail("gather", bytesSignature(c10d::OpType::GATHER, in, root));
                    const int64_t n = legs::bytesOf(in).numel();
+                   if (plans_) {
+                     if (n == 0) return;
+                     ProcessGroupHOCCL::HostsOp o{"gather", OpKind::Gather, root};
+                     o.in = {ptr(in)};
+                     o.out.assign(size_, nullptr);
+                     for (size_t r = 0; r < staged.size(); ++r) o.out[r] = ptr(staged[r].work);
+                     o.bytes = o.numel = n;
+                     planned("gather", [&](ProcessGroupHOCCL& host, int64_t tag) { host.runAcrossHosts(o, tag); });
+                     for (const auto& st : staged) st.writeBack();
+                     return;
+                   }
                    at::Tensor all = at::empty({size_ * n}, in.options().dtype(at::kByte));
                    std::vector<at::Tensor> outs;
                    for (int r = 0; r < size_; ++r) outs.push_back(all.narrow(0, r * n, n));
@@ -323,6 +334,18 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::scatter(std::vector<at::Tensor>& 
   return enqueue(c10d::OpType::SCATTER, outputs, [this, s, packed, root] {
     agreeOnRail("scatter", bytesSignature(c10d::OpType::SCATTER, s.work, root));
     at::Tensor mine = legs::bytesOf(s.work);
+    if (plans_) {
+      if (mine.numel() == 0) return;
+      ProcessGroupHOCCL::HostsOp o{"scatter", OpKind::Scatter, root};
+      o.in.assign(size_, nullptr);
+      if (rank_ == root)
+        for (int r = 0; r < size_; ++r) o.in[r] = ptr(packed) + r * mine.numel();
+      o.out = {ptr(mine)};
+      o.bytes = o.numel = mine.numel();
+      planned("scatter", [&](ProcessGroupHOCCL& host, int64_t tag) { host.runAcrossHosts(o, tag); });
+      s.writeBack();
+      return;
+    }
     setAlgorithm("multihost_leaders");
     broadcastFlat("scatter", packed, root);
     mine.copy_(packed.narrow(0, rank_ * mine.numel(), mine.numel()));

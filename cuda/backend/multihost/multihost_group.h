@@ -176,6 +176,11 @@ class MultiHostGroup : public c10d::Backend {
   void reduceScatterRails(const char* op, const std::vector<at::Tensor>& blocks, const at::Tensor& out,
                           RedOp redOp, double factor);
   void alltoallBytes(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs, const char* op);
+  // all_to_all as one plan across hosts; the split exchange is a plan too.
+  void alltoallPlanned(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs, const char* op,
+                       const std::vector<int64_t>& sendBytes, const std::vector<int64_t>& recvBytes);
+  SplitMatrix exchangeSplitsPlanned(const char* op, const std::vector<int64_t>& sendBytes,
+                                    const std::vector<int64_t>& recvBytes);
   void alltoallDirect(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs, const char* op);
   void alltoallRail(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs, const char* op,
                     const SplitMatrix& m);
@@ -194,8 +199,8 @@ class MultiHostGroup : public c10d::Backend {
   int64_t leaderMaxBytes_;
   bool checkAcrossHosts_;
   bool plans_ = config::text("HOCCL_MULTIHOST_PATH") == "plans";  // else the legs (the default)
-  AlltoallChoice alltoallChoice_ = alltoallChoice(config::text("HOCCL_MULTIHOST_ALLTOALL"));
-  AlltoallCosts alltoallCosts_;
+  AllToAllHostsForm alltoallChoice_ = alltoallChoice(config::text("HOCCL_MULTIHOST_ALLTOALL"));
+  NetCosts netCosts_;
   std::chrono::milliseconds timeout_;
 
   std::mutex mutex_;

@@ -2,6 +2,7 @@
 // (backend/across_hosts.cpp), this group keeps what it owns: argument agreement across hosts,
 // issue order, the network tags, and turning a network failure into the error naming the host.
 #include "backend/multihost/multihost_group.h"
+#include "backend/tensor_args.h"
 #include "transport/net_transport.h"
 
 namespace hoccl {
@@ -14,6 +15,49 @@ void MultiHostGroup::planned(const char* op, const std::function<void(ProcessGro
     interHostFailed(op, allRanks_, e);
   }
   setAlgorithm(groups_.local->lastAlgorithm().c_str());
+}
+
+// Every rank's send and expected-receive bytes, gathered by an all_gather plan: the all_to_all
+// plans of every rank follow every pair through its host, so each needs the whole matrix.
+SplitMatrix MultiHostGroup::exchangeSplitsPlanned(const char* op, const std::vector<int64_t>& sendBytes,
+                                                  const std::vector<int64_t>& recvBytes) {
+  const int64_t width = 2 * size_;
+  std::vector<int64_t> own(sendBytes);
+  own.insert(own.end(), recvBytes.begin(), recvBytes.end());
+  std::vector<int64_t> rows(static_cast<size_t>(size_) * width);
+  ProcessGroupHOCCL::HostsOp o{op, OpKind::AllGather};
+  o.in = {reinterpret_cast<char*>(own.data())};
+  for (int r = 0; r < size_; ++r) o.out.push_back(reinterpret_cast<char*>(rows.data() + r * width));
+  o.bytes = o.numel = width * static_cast<int64_t>(sizeof(int64_t));
+  planned(op, [&](ProcessGroupHOCCL& host, int64_t tag) { host.runAcrossHosts(o, tag); });
+  SplitMatrix matrix{size_, {}, {}};
+  for (int r = 0; r < size_; ++r) {
+    const int64_t* row = rows.data() + r * width;
+    matrix.bytes.insert(matrix.bytes.end(), row, row + size_);
+    matrix.expected.insert(matrix.expected.end(), row + size_, row + width);
+  }
+  return matrix;
+}
+
+void MultiHostGroup::alltoallPlanned(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs,
+                                     const char* op, const std::vector<int64_t>& sendBytes,
+                                     const std::vector<int64_t>& recvBytes) {
+  const SplitMatrix m = exchangeSplitsPlanned(op, sendBytes, recvBytes);
+  // Both forms move same-host blocks inside this one plan, so every pair is checked here.
+  if (checkAcrossHosts_) checkSplits(op, m, true);
+  ProcessGroupHOCCL::HostsOp o{op, OpKind::AllToAll};
+  TransferPhase pairs;
+  for (int s = 0; s < size_; ++s)
+    for (int d = 0; d < size_; ++d) pairs.push_back({s, d, m.at(s, d)});
+  o.phases = {std::move(pairs)};
+  for (int r = 0; r < size_; ++r) {
+    o.in.push_back(ptr(ins[r]));
+    o.out.push_back(ptr(outs[r]));
+  }
+  o.allToAllForm = alltoallChoice_;
+  o.netCosts = netCosts_;
+  planned(op, [&](ProcessGroupHOCCL& host, int64_t tag) { host.runAcrossHosts(o, tag); });
+  setAlgorithm(groups_.local->lastAlgorithm() == "alltoall/hosts-rail" ? "multihost_rail" : "multihost_direct");
 }
 
 }  // namespace hoccl
