@@ -10,6 +10,7 @@
     python -m hoccl_backend.bench --busy 1                # 1 GEMM thread per rank beside the collectives
     python -m hoccl_backend.bench --vs deepspeed          # all_reduce beside DeepSpeed's shm op (bench_deepspeed.py)
     python -m hoccl_backend.bench --hosts 2 --link-gbit 4 # across namespaced hosts (bench_hosts.py)
+    python -m hoccl_backend.bench --hosts 2 --ops all_to_all_skewed  # VarioPath's form vs each (bench_alltoall_hosts.py)
 
 Each world size runs in one set of spawned ranks holding a group per backend. For each (op,
 size) the backends take turns over --rounds rounds (order reversed every other round), so both
@@ -396,10 +397,12 @@ def main(argv=None) -> int:
     if args.busy and (args.hosts or args.overlap):
         parser.error("--busy runs with the single-host benchmark and --vs, not with --hosts or --overlap")
     if args.hosts:
-        from hoccl_backend import bench_hosts
+        from hoccl_backend import bench_alltoall_hosts, bench_hosts
 
         if rest:
             parser.error(f"unknown arguments {rest}")
+        if args.ops == "all_to_all_skewed":
+            return bench_alltoall_hosts.main(args)
         return bench_hosts.main(args)
     if args.overlap:
         from hoccl_backend import bench_overlap

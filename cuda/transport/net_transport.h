@@ -1,12 +1,13 @@
 // What the executor needs from a network engine: the interface every transport between ranks
 // on different hosts implements (transport/net/gloo/ today; an NCCL or RDMA engine goes beside
 // it). Plans name network transfers by peer rank and byte range (common/plan_types.h, Send and
-// Recv steps); the engine moves the bytes, checks that sender and receiver agree on the size, and
-// turns a lost peer into an error naming it.
+// Recv steps); the engine moves the bytes and turns a lost peer into an error naming it.
 //
 // Matching follows MPI's non-overtaking rule: messages from one sender to one receiver with
-// the same tag match the receiver's recvs in the order both posted them. A recv whose sender
-// sent a different number of bytes fails, naming both sizes; the send still completes.
+// the same tag match the receiver's recvs in the order both posted them. Both sides of a plan
+// derive every message's size and order from the same request (tests/plan_simulator.py checks
+// every builder for it), so an engine need not check sizes; one that does fails the recv whose
+// sender sent a different number of bytes, naming both sizes.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -35,10 +36,12 @@ class NetTransport {
   virtual Handle isend(int peer, int64_t tag, const void* data, size_t bytes) = 0;
   virtual Handle irecv(int peer, int64_t tag, void* data, size_t bytes) = 0;
   // Blocks until the transfer is done. `check` runs periodically while blocked and throws on the
-  // group's timeout or abort; a failed transfer (lost peer, size mismatch) throws here.
+  // group's timeout or abort; a failed transfer (lost peer, or a size mismatch where the engine
+  // checks sizes) throws here.
   virtual void wait(Handle h, const std::function<void(int waitingFor)>& check) = 0;
-  // On a failure path, before the memory of an unfinished transfer is freed: withdraws a recv
-  // that has not started, waits out one that has (bounded by the group's timeout), ignores errors.
+  // On a failure path, before the memory of an unfinished transfer is freed: makes sure nothing
+  // touches that memory any more (withdraws a recv that has not started, or waits the transfer
+  // out, bounded by the group's timeout), ignores errors.
   virtual void cancel(Handle h) = 0;
   // Fails every pending and future transfer with `reason`. Idempotent.
   virtual void abort(const std::string& reason) = 0;

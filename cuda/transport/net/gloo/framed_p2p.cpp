@@ -10,7 +10,10 @@ namespace hoccl {
 namespace {
 
 constexpr int kHeaderSlot = 0;
-constexpr uint32_t kPayloadSlots = (1u << 31) - 2;  // slots 1..2^31-2: gloo tags are int
+// gloo tags are int: framed payloads on slots 1..2^30-1, ordered messages on 2^30..2^31-2.
+constexpr uint32_t kPayloadSlots = (1u << 30) - 1;
+constexpr uint32_t kOrderedBase = 1u << 30;
+constexpr uint32_t kOrderedSlots = (1u << 30) - 1;
 constexpr int64_t kHeaderBytes = 5 * sizeof(int64_t);
 // A payload this small rides in its header's message (slot 0 in the header says so): one gloo
 // handshake instead of two. gloo short-fills the listener's larger recv buffer.
@@ -133,7 +136,8 @@ class FramedRecvWork : public c10d::Work {
 }  // namespace
 
 FramedP2P::FramedP2P(c10::intrusive_ptr<c10d::Backend> gloo, int rank, std::chrono::milliseconds timeout)
-    : gloo_(std::move(gloo)), rank_(rank), timeout_(timeout), sent_(gloo_->getSize(), 0) {}
+    : gloo_(std::move(gloo)), rank_(rank), timeout_(timeout), sent_(gloo_->getSize(), 0),
+      orderedSent_(gloo_->getSize(), 0), orderedReceived_(gloo_->getSize(), 0) {}
 
 FramedP2P::~FramedP2P() { stop("the process group was destroyed"); }
 
@@ -151,6 +155,22 @@ c10::intrusive_ptr<c10d::Work> FramedP2P::post(bool isSend, const at::Tensor& t,
   std::vector<at::Tensor> one{t};
   if (isSend) return gloo_->send(one, peer, slot);
   return peer < 0 ? gloo_->recvAnysource(one, slot) : gloo_->recv(one, peer, slot);
+}
+
+c10::intrusive_ptr<c10d::Work> FramedP2P::sendOrdered(const at::Tensor& bytes, int dst) {
+  std::lock_guard<std::mutex> lock(postMutex_);
+  const int slot = static_cast<int>(kOrderedBase + orderedSent_[dst]++ % kOrderedSlots);
+  return post(true, bytes, dst, slot);
+}
+
+c10::intrusive_ptr<c10d::Work> FramedP2P::recvOrdered(const at::Tensor& bytes, int src) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    TORCH_CHECK_WITH(DistBackendError, stopped_.empty(), "hoccl recv on rank ", rank_, ": ", stopped_);
+  }
+  std::lock_guard<std::mutex> lock(postMutex_);
+  const int slot = static_cast<int>(kOrderedBase + orderedReceived_[src]++ % kOrderedSlots);
+  return post(false, bytes, src, slot);
 }
 
 c10::intrusive_ptr<c10d::Work> FramedP2P::send(const at::Tensor& t, int dst, int64_t tag) {
@@ -172,10 +192,8 @@ c10::intrusive_ptr<c10d::Work> FramedP2P::send(const at::Tensor& t, int dst, int
   return c10::make_intrusive<FramedSendWork>(shared_from_this(), dst, std::move(header), std::move(body));
 }
 
-c10::intrusive_ptr<c10d::Work> FramedP2P::recv(const at::Tensor& user, int src, int64_t tag,
-                                               std::shared_ptr<Pending>* pending) {
+c10::intrusive_ptr<c10d::Work> FramedP2P::recv(const at::Tensor& user, int src, int64_t tag) {
   auto p = std::make_shared<Pending>();
-  if (pending) *pending = p;
   p->wantSrc = src;
   p->tag = tag;
   p->user = user;
@@ -292,20 +310,6 @@ void FramedP2P::awaitMatch(const std::shared_ptr<Pending>& p, std::chrono::stead
   TORCH_CHECK_WITH(DistBackendError, false, "hoccl recv on rank ", rank_, ": no message ",
                    p->wantSrc < 0 ? std::string("from any rank") : "from rank " + std::to_string(p->wantSrc),
                    " with tag ", p->tag, " within the timeout of ", budget.count(), " ms");
-}
-
-bool FramedP2P::withdraw(const std::shared_ptr<Pending>& p, const std::string& why) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (p->matched || !p->failed.empty()) return p->payload == nullptr;
-  posted_.erase(std::remove(posted_.begin(), posted_.end(), p), posted_.end());
-  p->failed = "hoccl recv on rank " + std::to_string(rank_) + ": " + why;
-  matched_.notify_all();
-  return true;
-}
-
-bool FramedP2P::settled(const std::shared_ptr<Pending>& p) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return !p->failed.empty() || (p->matched && p->payload == nullptr);
 }
 
 void FramedP2P::stop(const std::string& reason) {

@@ -10,8 +10,14 @@
 // 1..2^31-2 (the user's tag rides in the header), so a header recv can never meet a payload.
 // Payloads up to 16 KiB ride inside their header's message instead.
 //
-// The same engine serves the multi-host group's user send/recv (int tags) and plans' network
-// transfers through GlooNetTransport (gloo_net_transport.h; tags from 2^30, disjoint).
+// Ordered messages (sendOrdered/recvOrdered) are for callers whose both sides derive every
+// message's size and order from the same data (plans): one gloo message each, the k-th to a peer
+// on ordered slot k, no header and no listener hop, so the receive is posted when the caller
+// posts it and the payload streams as soon as both sides are there. gloo cannot check their
+// sizes; the framed messages can.
+//
+// The same engine serves the multi-host group's user send/recv (framed) and plans' network
+// transfers through GlooNetTransport (gloo_net_transport.h; ordered).
 #pragma once
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
@@ -50,9 +56,10 @@ class FramedP2P : public std::enable_shared_from_this<FramedP2P> {
   ~FramedP2P();
 
   c10::intrusive_ptr<c10d::Work> send(const at::Tensor& t, int dst, int64_t tag);
-  // `pending`, when given, receives the recv's record (for withdraw() and settled()).
-  c10::intrusive_ptr<c10d::Work> recv(const at::Tensor& user, int src, int64_t tag,
-                                      std::shared_ptr<Pending>* pending = nullptr);
+  c10::intrusive_ptr<c10d::Work> recv(const at::Tensor& user, int src, int64_t tag);
+  // Ordered messages (above): `bytes` is a contiguous uint8 view of the caller's memory.
+  c10::intrusive_ptr<c10d::Work> sendOrdered(const at::Tensor& bytes, int dst);
+  c10::intrusive_ptr<c10d::Work> recvOrdered(const at::Tensor& bytes, int src);
   void setTimeout(std::chrono::milliseconds timeout);
   // Ends the listener; recvs still waiting fail with `reason`. Idempotent.
   void stop(const std::string& reason);
@@ -61,13 +68,6 @@ class FramedP2P : public std::enable_shared_from_this<FramedP2P> {
   // raises on timeout (withdrawing the recv) or failure.
   void awaitMatch(const std::shared_ptr<Pending>& p, std::chrono::steady_clock::time_point start,
                   std::chrono::milliseconds budget);
-  // Withdraws the recv `p` if no message has matched it yet (its wait then fails with `why`; a
-  // message that comes later waits for the next matching recv). True when nothing will write to
-  // the recv's buffer any more: withdrawn, failed, or matched to a message already copied in;
-  // false while its payload is in flight (wait the recv's work out before freeing the buffer).
-  bool withdraw(const std::shared_ptr<Pending>& p, const std::string& why);
-  // Whether the recv's work would complete at once: failed, or matched with nothing in flight.
-  bool settled(const std::shared_ptr<Pending>& p) const;
   std::chrono::milliseconds timeout() const;
   int rank() const { return rank_; }
 
@@ -84,6 +84,7 @@ class FramedP2P : public std::enable_shared_from_this<FramedP2P> {
 
   std::mutex postMutex_;  // ProcessGroupGloo's send/recv are not thread-safe
   std::vector<uint32_t> sent_;  // per destination: messages sent (picks the payload slot)
+  std::vector<uint32_t> orderedSent_, orderedReceived_;  // per peer: ordered messages so far
 
   mutable std::mutex mutex_;
   std::condition_variable matched_;

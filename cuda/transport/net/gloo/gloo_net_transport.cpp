@@ -17,7 +17,6 @@ struct GlooNetTransport::Transfer {
   size_t bytes = 0;
   at::Tensor view;  // the caller's bytes
   c10::intrusive_ptr<c10d::Work> work;
-  std::shared_ptr<FramedP2P::Pending> pending;  // recvs: the framed engine's record
   std::chrono::steady_clock::time_point waitStarted;  // when a waiter thread began the blocking wait
 
   bool started = false;   // a waiter thread owns the blocking wait
@@ -153,10 +152,10 @@ GlooNetTransport::Handle GlooNetTransport::isend(int peer, int64_t tag, const vo
   t->tag = tag;
   t->bytes = bytes;
   checkPeer(*t);
-  // Only read: the framed engine copies small payloads into the header, gloo sends the rest.
+  // Only read, by gloo.
   t->view = at::from_blob(const_cast<void*>(data), {static_cast<int64_t>(bytes)}, at::TensorOptions(at::kByte));
   try {
-    t->work = framed_->send(t->view, peer, tag);
+    t->work = framed_->sendOrdered(t->view, peer);
   } catch (const std::exception& e) {
     throw NetTransportError(describe(*t) + ": " + reasonOf(firstLine(e)));
   }
@@ -178,11 +177,16 @@ GlooNetTransport::Handle GlooNetTransport::irecv(int peer, int64_t tag, void* da
   checkPeer(*t);
   t->view = at::from_blob(data, {static_cast<int64_t>(bytes)}, at::TensorOptions(at::kByte));
   try {
-    t->work = framed_->recv(t->view, peer, tag, &t->pending);
+    t->work = framed_->recvOrdered(t->view, peer);
   } catch (const std::exception& e) {
     const std::string reason = aborted();
     if (!reason.empty()) throw std::runtime_error(describe(*t) + ": the transport was aborted: " + reason);
     throw NetTransportError(describe(*t) + ": " + reasonOf(firstLine(e)));
+  }
+  // Like a send's: gloo's budget starts now, so a cut link fails every transfer of a plan at once.
+  {
+    std::lock_guard<std::mutex> lock(waiters_->mutex);
+    waiters_->submit(t);
   }
   return add(std::move(t));
 }
@@ -191,8 +195,6 @@ void GlooNetTransport::fail(const Transfer& t, std::exception_ptr error) const {
   const std::string reason = aborted();
   try {
     std::rethrow_exception(error);
-  } catch (const c10::ValueError& e) {
-    throw std::runtime_error(firstLine(e));  // a size mismatch, in the framed engine's words
   } catch (const std::exception& e) {
     if (!reason.empty()) throw std::runtime_error(describe(t) + ": the transport was aborted: " + reason);
     throw NetTransportError(describe(t) + ": " + reasonOf(firstLine(e)));
@@ -202,15 +204,6 @@ void GlooNetTransport::fail(const Transfer& t, std::exception_ptr error) const {
 void GlooNetTransport::wait(Handle h, const std::function<void(int waitingFor)>& check) {
   std::shared_ptr<Transfer> t = take(h);
   if (!t) throw std::logic_error("hoccl: wait on an unknown network transfer handle " + std::to_string(h));
-  if (!t->isSend && framed_->settled(t->pending)) {
-    // Matched with nothing in flight (or failed): the work's wait returns at once.
-    try {
-      t->work->wait();
-    } catch (...) {
-      fail(*t, std::current_exception());
-    }
-    return;
-  }
   Waiters& w = *waiters_;
   std::unique_lock<std::mutex> lock(w.mutex);
   if (!t->started) w.submit(t);
@@ -222,7 +215,7 @@ void GlooNetTransport::wait(Handle h, const std::function<void(int waitingFor)>&
       if (!reason.empty()) throw std::runtime_error(describe(*t) + ": the transport was aborted: " + reason);
     } catch (...) {
       // The caller gives up on the transfer: make its memory free before saying so.
-      if (t->isSend || !framed_->withdraw(t->pending, "the wait was given up")) settle(t);
+      settle(t);
       throw;
     }
     lock.lock();
@@ -247,7 +240,6 @@ void GlooNetTransport::settle(const std::shared_ptr<Transfer>& t) {
 void GlooNetTransport::cancel(Handle h) {
   std::shared_ptr<Transfer> t = take(h);
   if (!t) return;
-  if (!t->isSend && framed_->withdraw(t->pending, "the transfer was cancelled")) return;
   settle(t);
 }
 
