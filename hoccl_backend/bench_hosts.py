@@ -2,6 +2,7 @@
 
     python -m hoccl_backend.bench --hosts 2 --link-gbit 4                # 2 hosts x 2 ranks
     python -m hoccl_backend.bench --hosts 3 --ranks-per-host 1 --ops all_reduce --sizes 16M
+    python -m hoccl_backend.bench --hosts 2 --link-gbit 4 --paths legs,plans  # both paths, one run
 
 Each host is a network/IPC/mount/PID/UTS namespace (hoccl_backend.testbed), its one link shaped
 to --link-gbit in each direction (tc tbf) with jumbo frames, so the links' own byte counters
@@ -54,13 +55,27 @@ def _iters(nbytes: int) -> int:
     return max(1, min(20, (32 << 20) // max(nbytes, 1)))
 
 
-def measure(rank, world, ops, sizes, rounds):
+def hoccl_groups(paths):
+    """{name: group}: the default group as "hoccl", or one hoccl group per multi-host path
+    ("hoccl legs", "hoccl plans"; HOCCL_MULTIHOST_PATH is read when a group is created)."""
+    import torch.distributed as dist
+
+    if not paths:
+        return {"hoccl": dist.group.WORLD}
+    groups = {}
+    for path in paths:
+        os.environ["HOCCL_MULTIHOST_PATH"] = path
+        groups[f"hoccl {path}"] = dist.new_group(backend="hoccl")
+    return groups
+
+
+def measure(rank, world, ops, sizes, rounds, paths=()):
     """One rank: per (op, size, backend) the time of each round, and on local rank 0 the bytes
     its host's link sent during each round; per (op, size) the buffer's benchmark bytes."""
     import torch.distributed as dist
 
-    gloo = dist.new_group(backend="gloo")
-    groups = {"hoccl": dist.group.WORLD, "gloo": gloo}
+    groups = hoccl_groups(paths)
+    groups["gloo"] = dist.new_group(backend="gloo")
     reads_link = int(os.environ["LOCAL_RANK"]) == 0
     out = {}
     for op in ops:
@@ -102,7 +117,7 @@ def summarize(results, hosts, per_host, ops, sizes, link_gbit):
             n = results[0][("bytes", op, nbytes)]
             minimum = minimum_cross_bytes(op, hosts, per_host, n)
             bound = minimum / hosts / rate if rate else None
-            for name in ("hoccl", "gloo"):
+            for name in [k[2] for k in results[0] if k[:2] == (op, nbytes)]:
                 per_round = [[rank_result[(op, nbytes, name)][r] for rank_result in results]
                              for r in range(len(results[0][(op, nbytes, name)]))]
                 seconds = statistics.median(max(t for t, _ in ranks) for ranks in per_round)
@@ -121,18 +136,23 @@ def _fmt(value, spec, width):
 
 
 def print_table(rows):
+    """A line per (op, size, hoccl group): hoccl beside gloo (with --paths, one line per path)."""
     keyed = {(r["op"], r["bytes"], r["backend"]): r for r in rows}
-    print("\n#        op      bytes |  hoccl us   busbw  crossed/min  t/bnd |   gloo us   busbw  "
+    names = list(dict.fromkeys(r["backend"] for r in rows if r["backend"] != "gloo"))
+    label = max(len(n) for n in names)
+    print(f"\n#        op      bytes {'':{label}} |  hoccl us   busbw  crossed/min  t/bnd |   gloo us   busbw  "
           "crossed/min  t/bnd | busbw x gloo |   min bytes   bound us")
     for op, nbytes in dict.fromkeys((r["op"], r["bytes"]) for r in rows):
-        h, g = keyed[(op, nbytes, "hoccl")], keyed[(op, nbytes, "gloo")]
-        cells = []
-        for r in (h, g):
-            ratio = r["crossed_bytes"] / r["min_cross_bytes"] if r["crossed_bytes"] else None
-            t_bound = r["us"] / r["bound_us"] if r["bound_us"] else None
-            cells.append(f"{r['us']:10.0f} {r['busbw_GBps']:7.3f} {_fmt(ratio, '.3f', 12)} {_fmt(t_bound, '.2f', 6)}")
-        print(f"{op:>16} {nbytes:>10} | {cells[0]} | {cells[1]} | {h['busbw_GBps'] / g['busbw_GBps']:11.2f}x | "
-              f"{h['min_cross_bytes']:>11} {_fmt(h['bound_us'], '.0f', 10)}")
+        g = keyed[(op, nbytes, "gloo")]
+        for name in names:
+            h = keyed[(op, nbytes, name)]
+            cells = []
+            for r in (h, g):
+                ratio = r["crossed_bytes"] / r["min_cross_bytes"] if r["crossed_bytes"] else None
+                t_bound = r["us"] / r["bound_us"] if r["bound_us"] else None
+                cells.append(f"{r['us']:10.0f} {r['busbw_GBps']:7.3f} {_fmt(ratio, '.3f', 12)} {_fmt(t_bound, '.2f', 6)}")
+            print(f"{op:>16} {nbytes:>10} {name:{label}} | {cells[0]} | {cells[1]} | "
+                  f"{h['busbw_GBps'] / g['busbw_GBps']:11.2f}x | {h['min_cross_bytes']:>11} {_fmt(h['bound_us'], '.0f', 10)}")
 
 
 def main(args) -> int:
@@ -145,7 +165,8 @@ def main(args) -> int:
     with Hosts(count=args.hosts, ranks=[per_host] * args.hosts, link_gbit=args.link_gbit, mtu=9000) as hosts:
         if not hosts.isolated:
             print("# no namespaces here: no link shaping and no link counters (crossed = n/a)")
-        results = hosts.run_ranks(measure, ops, sizes, args.rounds, backend="hoccl", pg_timeout=600,
+        paths = [p.strip() for p in args.paths.split(",")] if getattr(args, "paths", None) else []
+        results = hosts.run_ranks(measure, ops, sizes, args.rounds, paths, backend="hoccl", pg_timeout=600,
                                   timeout=3600)
         described, isolated = hosts.describe(), hosts.isolated
     rows = summarize(results, args.hosts, per_host, ops, sizes, args.link_gbit if isolated else None)
