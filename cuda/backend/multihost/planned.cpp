@@ -54,6 +54,9 @@ void MultiHostGroup::alltoallPlanned(const std::vector<at::Tensor>& ins, const s
     o.in.push_back(ptr(ins[r]));
     o.out.push_back(ptr(outs[r]));
   }
+  // Every rank's plan choices must agree: size the op by the whole exchange, as on one host.
+  for (int64_t b : m.bytes) o.bytes += b;
+  o.bytes /= size_;
   o.allToAllForm = alltoallChoice_;
   o.netCosts = netCosts_;
   planned(op, [&](ProcessGroupHOCCL& host, int64_t tag) { host.runAcrossHosts(o, tag); });
