@@ -232,3 +232,50 @@ def test_gpu_check_probe_runs_on_the_driver_model():
     for rank in (0, 1):
         for item in ("register", "stream_flag", "ipc_copy"):
             assert f"rank {rank}: OK   {item}" in r.stdout, r.stdout
+
+
+
+
+def _documented_ce_plan(kind: str, world: int, nbytes: int, slot: int, mapped: bool) -> str:
+    """The copy-engine plan docs/cuda.md's table names for an op: the staged plans through pinned
+    host slots, the direct-read plans when every peer is mapped (all_reduce up to one slot keeps
+    the staged one-shot plan), reduce-scatter + all-gather past one slot on more than two ranks."""
+    if kind == "all_reduce":
+        if mapped and nbytes > slot:
+            return "all_reduce/direct-read"
+        return "allreduce/rs-ag" if world > 2 and nbytes > slot else "allreduce/one-shot"
+    if mapped:
+        return {"all_to_all": "alltoall/direct-read"}.get(kind, f"{kind}/direct-read")
+    return {"all_gather": "allgather/staged", "broadcast": "broadcast/staged", "all_to_all": "alltoall/phased"}[kind]
+
+
+def _ce_request(kind: str, rank: int, world: int, nbytes: int, slot: int, mapped: bool) -> dict:
+    """A request as CeGroup fills it (all_to_all: `nbytes` per block, one phase holding every pair)."""
+    req = {"kind": kind, "rank": rank, "world": world, "bytes": nbytes, "elem_size": 4 if kind == "all_reduce" else 1,
+           "slot_bytes": slot, "on_copy_engine": True, "every_peer_mapped": mapped}
+    if kind == "all_to_all":
+        req["phases"] = [[(s, d, nbytes) for s in range(world) for d in range(world)]]
+    return req
+
+
+def test_build_plan_chooses_the_documented_copy_engine_plans():
+    """buildPlan's copy-engine branch (plan/copy_engine.cpp) picks the documented plan for every
+    op, world, rank and path around the one-slot threshold; the CPU thresholds in the request do
+    not sway it, and an op the copy engines do not run is refused by name."""
+    import torch  # noqa: F401
+    from hoccl_backend import _C
+
+    slot = 1 << 12
+    for kind in ("all_gather", "broadcast", "all_to_all", "all_reduce"):
+        for world in range(1, 6):
+            for nbytes in (4, slot - 4, slot, slot + 4, 3 * slot + 8):
+                for mapped in ((False, True) if world > 1 else (False,)):
+                    want = _documented_ce_plan(kind, world, nbytes, slot, mapped)
+                    for rank in range(world):
+                        req = _ce_request(kind, rank, world, nbytes, slot, mapped)
+                        got = _C.build_plan(req)["algo"]
+                        assert got == want, (req, got)
+                        cpu_knobs = dict(req, cross_memory=True, cross_memory_min_bytes=0, one_shot_max_bytes=0)
+                        assert _C.build_plan(cpu_knobs)["algo"] == want, cpu_knobs
+    with pytest.raises(Exception, match="copy-engine path has no plan for"):
+        _C.build_plan({"kind": "reduce", "world": 2, "bytes": 64, "on_copy_engine": True})

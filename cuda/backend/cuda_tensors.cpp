@@ -8,7 +8,8 @@
 // Transports:
 //  - copy-engine (cuda-ce, CeGroup): all_reduce, all_gather_into_tensor, broadcast and even
 //    all_to_all_single on contiguous tensors. Zero SM for data movement; all_reduce's
-//    arithmetic is the bounded reduction kernel or the host (HOCCL_REDUCE_ON).
+//    arithmetic is the bounded reduction kernel or the host (HOCCL_REDUCE_ON). Its plans are
+//    buildPlan's (plan/), as for the CPU executor, so one rule chooses every algorithm.
 //  - host staging: every other op (and non-contiguous tensors): D2H on the comm stream (a
 //    copy engine), the CPU algorithm on the host copies, H2D back on the comm stream.
 #include <ATen/ATen.h>
@@ -18,6 +19,7 @@
 
 #include "backend/cuda_staging.h"
 #include "backend/process_group.h"
+#include "plan/plan.h"
 
 #ifdef HOCCL_WITH_CUDA
 #include "transport/ce/ce_collectives.h"
@@ -62,7 +64,8 @@ void* ProcessGroupHOCCL::ceGroup(c10::Device device) {
   if (!ce_) {
     auto opts = CeGroupOptions::fromEnv();
     opts.timeout = timeout_;
-    ce_ = std::make_shared<CeGroup>(store_, "hoccl/ce", rank_, size_, device.index(), opts);
+    ce_ = std::make_shared<CeGroup>(store_, "hoccl/ce", rank_, size_, device.index(), opts,
+                                    PlanRule{buildPlan, readsPeersDirectly});
   }
   return ce_.get();
 #else

@@ -153,6 +153,14 @@ struct PlanRequest {
 
   int hosts() const;
   bool acrossHosts() const { return hosts() > 1; }
+
+  // The plan runs on the copy-engine executor (transport/ce, CUDA tensors): buildPlan chooses
+  // among the plans that executor runs, by its own rule (plan/copy_engine.cpp). Staging there is
+  // `slotBytes` of pinned host memory per rank; the CPU thresholds above do not apply.
+  bool onCopyEngine = false;
+  // Copy engine: every peer's buffers are mapped into this process (CUDA IPC, the group's p2p
+  // path), so the plan may read peers' blocks in place; false: every byte goes through staging.
+  bool everyPeerMapped = false;
 };
 
 }  // namespace hoccl

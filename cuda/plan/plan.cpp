@@ -5,6 +5,7 @@
 namespace hoccl {
 
 bool readsPeersDirectly(const PlanRequest& req) {
+  if (req.onCopyEngine) return copyEngineReadsInPlace(req);
   if (!req.crossMemory || req.world == 1 || req.kind == OpKind::Barrier) return false;
   // all_reduce reads every byte twice across processes (reduce-scatter, then all-gather). While
   // the group's data fits the cache, direct reads win (one copy per byte); beyond it
@@ -24,6 +25,7 @@ bool allReduceChoosesAfterPublishing(const PlanRequest& req) {
 
 Plan buildPlan(const PlanRequest& req) {
   if (req.acrossHosts()) return buildPlanAcrossHosts(req);
+  if (req.onCopyEngine) return buildCopyEnginePlan(req);
   if (readsPeersDirectly(req))
     return req.kind == OpKind::AllToAll ? planAllToAllDirectRead(req) : planDirectRead(req);
   switch (req.kind) {

@@ -8,7 +8,13 @@ namespace hoccl {
 Plan buildPlan(const PlanRequest& req);
 // buildPlan for a group whose ranks sit on several hosts (plan/across_hosts.cpp).
 Plan buildPlanAcrossHosts(const PlanRequest& req);
-// True when buildPlan(req) picks a direct-read plan (peers' buffers read in place).
+// buildPlan's rule for requests with onCopyEngine set (plan/copy_engine.cpp): all_gather,
+// broadcast, all_to_all and all_reduce as the copy-engine executor runs them.
+Plan buildCopyEnginePlan(const PlanRequest& req);
+// readsPeersDirectly for those requests: the p2p path's direct-read plans.
+bool copyEngineReadsInPlace(const PlanRequest& req);
+// True when buildPlan(req) picks direct-read plans (peers' buffers read in place): the same on
+// every rank, though one rank's own plan may read nobody (broadcast's root).
 bool readsPeersDirectly(const PlanRequest& req);
 // all_reduce past allReduceDirectReadMaxBytes: the plan depends on whether every rank's tensor
 // is shared, which ranks learn from a first barrier that publishes addresses and regions.

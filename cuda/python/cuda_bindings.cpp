@@ -12,6 +12,7 @@
 
 #include "python/cuda_bindings.h"
 
+#include "plan/plan.h"
 #include "transport/ce/ce_collectives.h"
 #include "transport/ce/ce_copy.h"
 #include "transport/ce/ce_reduce.h"
@@ -124,7 +125,7 @@ std::unique_ptr<CeGroup> makeGroup(const c10::intrusive_ptr<c10d::Store>& store,
   if (!path.empty()) opts.pathMode = parseCePathMode(path);
   opts.firstSeq = firstSeq;
   if (timeoutMs > 0) opts.timeout = std::chrono::milliseconds(timeoutMs);
-  return std::make_unique<CeGroup>(store, prefix, rank, world, device, opts);
+  return std::make_unique<CeGroup>(store, prefix, rank, world, device, opts, PlanRule{buildPlan, readsPeersDirectly});
 }
 
 // Raw hooks: driver calls under the device's primary context, GIL released while they block.

@@ -67,6 +67,8 @@ PlanRequest requestFrom(const py::dict& d) {
     else if (key == "all_reduce_direct_read_max_bytes") req.allReduceDirectReadMaxBytes = field<int64_t>(v, key);
     else if (key == "addresses_published") req.addressesPublished = field<bool>(v, key);
     else if (key == "every_tensor_shared") req.everyTensorShared = field<bool>(v, key);
+    else if (key == "on_copy_engine") req.onCopyEngine = field<bool>(v, key);
+    else if (key == "every_peer_mapped") req.everyPeerMapped = field<bool>(v, key);
     else if (key == "host_of") req.hostOf = field<std::vector<int>>(v, key);
     else if (key == "leader_max_bytes") req.leaderMaxBytes = field<int64_t>(v, key);
     else if (key == "net_chunk_bytes") req.netChunkBytes = field<int64_t>(v, key);

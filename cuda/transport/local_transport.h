@@ -2,7 +2,7 @@
 // memory implements (transport/shm today; the copy-engine transport and the inter-host leg go
 // beside it, each in its own folder under transport/).
 //
-// A Plan names locations (plan/plan.h): the op's own blocks, staging slots of any rank, and
+// A Plan names locations (common/plan_types.h): the op's own blocks, staging slots of any rank, and
 // peers' published blocks. The executor resolves local ones itself and asks the transport for
 // the rest; barriers carry each rank's op descriptor, which ranks compare after the first
 // barrier of an op.

@@ -5,9 +5,9 @@
 #include <functional>
 #include <stdexcept>
 #include <thread>
+#include <utility>
 
 #include "common/reduce_kernels.h"
-#include "plan/plan.h"
 
 namespace hoccl {
 
@@ -64,9 +64,9 @@ void ceRefuseCapture(CUstream stream, const char* op) {
 }
 
 CeGroup::CeGroup(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix, int rank, int world,
-                 int device, CeGroupOptions opts)
+                 int device, CeGroupOptions opts, PlanRule rule)
     : store_(store), prefix_(prefix), rank_(rank), world_(world), device_(device), opts_(opts),
-      opSeq_(opts.firstSeq) {
+      rule_(std::move(rule)), opSeq_(opts.firstSeq) {
   peers_ = discoverPeers(store, prefix + "/peers", rank, world, device, opts.pathMode, opts.timeout);
   bool mineP2P = true;
   for (int r = 0; r < world; ++r)
@@ -156,8 +156,8 @@ std::string CeGroup::describePaths() const {
 
 bool CeGroup::allP2P() const { return world_ > 1 && peersOn(CePath::P2P).size() == static_cast<size_t>(world_ - 1); }
 
-// What every rank passes the plan builders: identical on all ranks but `rank`, so all build plans
-// of the same shape (barriers, staging buffers) and their flags stay in lockstep.
+// Every request says where its plan runs: on the copy engines, reading peers in place only where
+// the group agreed at creation that every peer is on the p2p path.
 PlanRequest CeGroup::request(OpKind kind, int64_t elemSize, int64_t bytes, int root) const {
   PlanRequest req{kind};
   req.rank = rank_;
@@ -166,6 +166,8 @@ PlanRequest CeGroup::request(OpKind kind, int64_t elemSize, int64_t bytes, int r
   req.elemSize = elemSize;
   req.bytes = bytes;
   req.slotBytes = static_cast<int64_t>(staging_->slotBytes());
+  req.onCopyEngine = true;
+  req.everyPeerMapped = allP2P();
   return req;
 }
 
@@ -182,8 +184,7 @@ void CeGroup::allGather(CUstream stream, CUdeviceptr out, CUdeviceptr in, size_t
   PlanRequest req = request(OpKind::AllGather, 1, bytes);
   CePlanArgs args{{in}, {}};
   for (int r = 0; r < world_; ++r) args.out.push_back(out + r * bytes);
-  if (allP2P()) return runDirectRead(stream, req, args, {in, bytes}, {out, bytes * world_});
-  runPlan(stream, planAllGather(req, false), args);
+  run(stream, req, args, {in, bytes}, {out, bytes * world_});
 }
 
 void CeGroup::allToAll(CUstream stream, CUdeviceptr out, CUdeviceptr in, size_t blockBytes) {
@@ -202,8 +203,7 @@ void CeGroup::allToAll(CUstream stream, CUdeviceptr out, CUdeviceptr in, size_t 
     args.out.push_back(out + r * blockBytes);
   }
   req.phases.push_back(all);
-  if (allP2P()) return runDirectRead(stream, req, args, {in, blockBytes * world_}, {out, blockBytes * world_});
-  runPlan(stream, planAllToAll(req), args);
+  run(stream, req, args, {in, blockBytes * world_}, {out, blockBytes * world_});
 }
 
 void CeGroup::broadcast(CUstream stream, CUdeviceptr buf, size_t bytes, int root) {
@@ -213,8 +213,7 @@ void CeGroup::broadcast(CUstream stream, CUdeviceptr buf, size_t bytes, int root
   ceRefuseCapture(stream, "broadcast");
   OpEnd end{[&] { finishOp(stream); }};
   PlanRequest req = request(OpKind::Broadcast, 1, bytes, root);
-  if (allP2P()) return runDirectRead(stream, req, CePlanArgs{{buf}, {buf}}, {buf, bytes}, {buf, bytes});
-  runPlan(stream, planBroadcast(req), CePlanArgs{{buf}, {buf}});
+  run(stream, req, CePlanArgs{{buf}, {buf}}, {buf, bytes}, {buf, bytes});
 }
 
 void CeGroup::allReduce(CUstream stream, CUdeviceptr buf, int64_t count, c10::ScalarType dtype, RedOp op,
@@ -228,25 +227,11 @@ void CeGroup::allReduce(CUstream stream, CUdeviceptr buf, int64_t count, c10::Sc
   const int64_t elem = static_cast<int64_t>(hoccl::elementSize(dtype));
   PlanRequest req = request(OpKind::AllReduce, elem, count * elem);
   const CePlanArgs args{{buf}, {buf}, dtype, op, factor};
-  // Past one slot on the p2p path: each rank reads only the peers' slices of its own part and
-  // then the other parts, ~2 x the bytes over the peer links, with no host round trip. Up to one
-  // slot the staged one-shot plan's single barrier costs less than direct reads' three. The
-  // choice depends only on the size and the group's path, so every rank takes the same one.
-  if (allP2P() && req.bytes > req.slotBytes) {
-    const size_t bytes = static_cast<size_t>(req.bytes);
-    return runDirectRead(stream, req, args, {buf, bytes}, {buf, bytes});
-  }
-  // One slot round: one-shot (one barrier). Larger on more than two ranks: reduce-scatter +
-  // all-gather, so each rank copies ~2 x the bytes up instead of W x (two barriers per round).
-  Plan plan = world_ > 2 && req.bytes > req.slotBytes ? planAllReduceRsAg(req) : planAllReduceOneShot(req);
-  runPlan(stream, plan, args);
+  const size_t bytes = static_cast<size_t>(req.bytes);
+  run(stream, req, args, {buf, bytes}, {buf, bytes});
 }
 
 namespace {
-
-Plan directReadPlan(const PlanRequest& req) {
-  return req.kind == OpKind::AllToAll ? planAllToAllDirectRead(req) : planDirectRead(req);
-}
 
 // Marks, per peer, which of its regions (In, Out) `plan` reads.
 void markReads(const Plan& plan, std::vector<IpcWanted>& wanted) {
@@ -274,16 +259,29 @@ std::vector<CUdeviceptr> mirrorBlocks(const std::vector<CUdeviceptr>& mine, cons
 
 }  // namespace
 
+// The choice is the rule's, from the request alone, so every rank takes the same way.
+void CeGroup::run(CUstream stream, const PlanRequest& req, const CePlanArgs& args, IpcRegion in, IpcRegion out) {
+  const Plan plan = rule_.build(req);
+  if (rule_.readsInPlace(req)) return runDirectRead(stream, req, plan, args, in, out);
+  if (plan.readsPeers())
+    throw std::logic_error("hoccl cuda-ce: plan " + plan.algo + " reads peers' buffers, but its rule says the op "
+                           "does not read in place, so no rank announces its buffers");
+  runPlan(stream, plan, args);
+}
+
 // The plans of every rank come from the same request, so each rank knows without asking which
 // of its regions some peer reads (only those are exported) and which peers' regions it reads.
 // The exchange blocks the host until the ranks this one reads from have announced this op's
 // buffers; the stream work stays asynchronous: the plan's first barrier waits for the peers'
 // streams to reach the op before any read, the last keeps this rank's blocks until every peer
 // has read them.
-void CeGroup::runDirectRead(CUstream stream, const PlanRequest& req, CePlanArgs args, IpcRegion in, IpcRegion out) {
+void CeGroup::runDirectRead(CUstream stream, const PlanRequest& req, const Plan& plan, CePlanArgs args, IpcRegion in,
+                            IpcRegion out) {
   if (req.addressesPublished)
     throw std::logic_error("hoccl cuda-ce: a direct-read plan needs its first barrier on the copy engines");
-  const Plan plan = directReadPlan(req);
+  if (!allP2P())
+    throw std::logic_error("hoccl cuda-ce: the rule says plan " + plan.algo + " reads peers' buffers in place, "
+                           "but not every peer's buffers are mapped in this group (everyPeerMapped unset)");
   std::vector<IpcWanted> reads(world_, IpcWanted{false, false});
   markReads(plan, reads);
   std::vector<IpcWanted> readByPeers(world_, IpcWanted{false, false});
@@ -291,7 +289,7 @@ void CeGroup::runDirectRead(CUstream stream, const PlanRequest& req, CePlanArgs 
     if (r == rank_) continue;
     PlanRequest theirs = req;
     theirs.rank = r;
-    markReads(directReadPlan(theirs), readByPeers);
+    markReads(rule_.build(theirs), readByPeers);
   }
   IpcRegions mine{};
   if (readByPeers[rank_][0]) mine[0] = in;

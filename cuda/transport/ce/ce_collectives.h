@@ -5,19 +5,16 @@
 // host-side reductions, which block the calling thread: call from the PG worker, never the user
 // thread).
 //
-// Host path (pinned host staging; what HOCCL_CE_PATH=auto takes between ranks on one GPU): each
-// op builds the same Plan the CPU transport runs (plan/*.cpp) and CePlanExecutor enqueues it:
-// copy-engine copies through the shared slots, barriers as stream memory operations, reductions
-// by the bounded kernel (HOCCL_REDUCE_ON=gpu) or the CPU (host).
-//  all_gather: planAllGather; all_to_all: planAllToAll over a one-phase schedule;
-//  broadcast: planBroadcast; all_reduce: planAllReduceOneShot, or planAllReduceRsAg for more than
-//  one slot on more than two ranks (each rank copies ~2x the chunk up instead of W x).
-// P2P path (every pair p2p): the direct-read plans (planDirectRead, planAllToAllDirectRead),
-// whose copies read peers' blocks in place, here one D2D each out of the peer's buffer mapped
-// through CUDA IPC (pull). all_gather, broadcast: planDirectRead; all_to_all:
-// planAllToAllDirectRead over the one-phase schedule; all_reduce: planDirectRead past one slot
-// (reduce-scatter by reading every peer's slice of this rank's part, all-gather of the parts),
-// the host path's one-shot plan up to one slot (one barrier where direct reads need three).
+// Plans: a CeGroup runs plans, it does not choose them. Each op fills a PlanRequest (request():
+// onCopyEngine, everyPeerMapped = the group's p2p path, slotBytes; all_to_all adds a one-phase
+// schedule) and runs the plan of the PlanRule it was created with: plan/'s buildPlan, whose
+// copy-engine branch (plan/copy_engine.cpp) is the one choice rule.
+// Host path (pinned host staging; what HOCCL_CE_PATH=auto takes between ranks on one GPU): the
+// same Plans the CPU transport runs; CePlanExecutor enqueues them: copy-engine copies through the
+// shared slots, barriers as stream memory operations, reductions by the bounded kernel
+// (HOCCL_REDUCE_ON=gpu) or the CPU (host).
+// P2P path (every pair p2p): plans that read peers' blocks in place (Plan::readsPeers), here one
+// D2D each out of the peer's buffer mapped through CUDA IPC (pull).
 // On the CPU the plans' first barrier publishes the buffer addresses; a stream barrier cannot
 // carry them to the host, so the host exchanges them (IpcExchange) before enqueueing, and that
 // first barrier still orders the reads after the peer's stream reached the op (its input is
@@ -35,10 +32,12 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "common/plan_types.h"
 #include "transport/ce/ce_copy.h"
 #include "transport/ce/ce_ipc.h"
 #include "transport/ce/ce_plan_executor.h"
@@ -64,11 +63,20 @@ struct CeGroupOptions {
 // the capture.
 void ceRefuseCapture(CUstream stream, const char* op);
 
+// The rule that chooses each op's plan; the creator passes plan/'s (buildPlan, readsPeersDirectly),
+// so the copy engines run the plans every other executor's choices come from.
+struct PlanRule {
+  std::function<Plan(const PlanRequest&)> build;  // the plan of req.rank
+  // Whether the op's plans read peers' buffers in place: the same on every rank, also where a
+  // rank's own plan reads nobody (broadcast's root still announces the buffer the others read).
+  std::function<bool(const PlanRequest&)> readsInPlace;
+};
+
 class CeGroup {
  public:
-  // Collective over the group: every rank constructs with the same store prefix.
+  // Collective over the group: every rank constructs with the same store prefix and rule.
   CeGroup(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix, int rank, int world,
-          int device, CeGroupOptions opts);
+          int device, CeGroupOptions opts, PlanRule rule);
   ~CeGroup();
   CeGroup(const CeGroup&) = delete;
   CeGroup& operator=(const CeGroup&) = delete;
@@ -98,10 +106,16 @@ class CeGroup {
  private:
   std::vector<int> peersOn(CePath path) const;
   bool allP2P() const;
+  // What this rank passes the rule for an op: identical on all ranks but `rank`, so all build
+  // plans of the same shape (barriers, staging buffers) and their flags stay in lockstep.
   PlanRequest request(OpKind kind, int64_t elemSize, int64_t bytes, int root = 0) const;
-  // Maps the peers' blocks the direct-read plan for `req` reads (`in` / `out`: the regions
-  // holding this rank's In / Out blocks, laid out alike on every rank), then runs it.
-  void runDirectRead(CUstream stream, const PlanRequest& req, CePlanArgs args, IpcRegion in, IpcRegion out);
+  // Runs the rule's plan for `req`: through runDirectRead when the op reads peers in place (`in`
+  // / `out`: the regions holding this rank's In / Out blocks, laid out alike on every rank).
+  void run(CUstream stream, const PlanRequest& req, const CePlanArgs& args, IpcRegion in, IpcRegion out);
+  // Exports this rank's regions the peers' plans read, maps the peers' blocks `plan` reads, then
+  // runs it.
+  void runDirectRead(CUstream stream, const PlanRequest& req, const Plan& plan, CePlanArgs args, IpcRegion in,
+                     IpcRegion out);
   void runPlan(CUstream stream, const Plan& plan, const CePlanArgs& args);
   void syncStream(CUstream s, const char* what);
   void waitForEvent(CUevent e, std::chrono::steady_clock::time_point deadline, const std::string& what);
@@ -111,6 +125,7 @@ class CeGroup {
   std::string prefix_;
   int rank_, world_, device_;
   CeGroupOptions opts_;
+  PlanRule rule_;
   std::vector<PeerInfo> peers_;
   std::unique_ptr<SharedHostRegion> flagRegion_;
   std::unique_ptr<CeSync> barrier_;  // the plans' barriers

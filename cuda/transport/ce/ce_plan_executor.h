@@ -1,4 +1,4 @@
-// Runs a Plan (plan/plan.h) on the copy-engine transport by enqueueing its steps on one stream:
+// Runs a Plan (common/plan_types.h) on the copy-engine transport by enqueueing its steps on one stream:
 // the same plans the CPU executor (exec/executor.cpp) runs, so an algorithm is written once for
 // both. The host is not blocked, except by host-side reductions.
 //
