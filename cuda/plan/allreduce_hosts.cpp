@@ -31,7 +31,7 @@
 // for the next op on the host).
 #include <stdexcept>
 
-#include "plan/host_view.h"
+#include "common/host_view.h"
 #include "plan/plan.h"
 #include "plan/plan_util.h"
 

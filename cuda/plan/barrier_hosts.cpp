@@ -4,7 +4,7 @@
 // leave the second only after the leader has them all. The messages carry no bytes (a barrier has
 // no data a byte could come from); they point into one reserved byte of Scratch so that the
 // engine gets a valid address.
-#include "plan/host_view.h"
+#include "common/host_view.h"
 #include "plan/plan.h"
 
 namespace hoccl {

@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "plan/host_view.h"
+#include "common/host_view.h"
 #include "plan/plan_util.h"
 
 namespace hoccl {

@@ -11,7 +11,7 @@
 // the partials, stages chunk j+1, then waits for chunk j-1's partials and finishes it. One host
 // barrier per chunk (one in all on a host with one rank); partials live in Scratch,
 // double-buffered by chunk parity. Only the last buffer is read after the last barrier.
-#include "plan/host_view.h"
+#include "common/host_view.h"
 #include "plan/plan.h"
 #include "plan/plan_util.h"
 

@@ -21,9 +21,6 @@
 namespace hoccl {
 namespace varipath {
 
-// The rank of host `srcHost` that relays every block of that host destined for rank `dst`.
-int relayAcrossHosts(const std::vector<int>& hostOf, int srcHost, int dst);
-
 // Estimated seconds of `form` (Direct or Relay) for matrix[s * W + d] (bytes s sends to d).
 double estimateAcrossHosts(const std::vector<int>& hostOf, const std::vector<int64_t>& matrix,
                            AllToAllHostsForm form, const NetCosts& costs);

@@ -14,7 +14,8 @@ AllToAllHostsForm alltoallChoice(const std::string& setting) {
 }
 
 int relayFor(const HostLayout& layout, int srcHost, int dst) {
-  return varipath::relayAcrossHosts(layout.table.hostOf, srcHost, dst);
+  const auto& ranks = layout.table.ranksOf[srcHost];
+  return ranks[layout.localIndex[dst] % ranks.size()];
 }
 
 AllToAllHostsForm chooseForm(AllToAllHostsForm forced, const HostLayout& layout, const SplitMatrix& m,

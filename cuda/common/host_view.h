@@ -1,7 +1,8 @@
-// The host layout of a PlanRequest as builders across hosts use it: which ranks share a host,
-// each rank's index on its host, and the rails (rail k: the ranks with local index k on every
-// host that has more than k ranks, in host order; rail 0 is the host leaders). Derived from
-// PlanRequest::hostOf alone, so every rank derives the same view.
+// The host layout of a PlanRequest as builders across hosts (plan/) and VarioPath's cost model
+// across hosts (varipath/across_hosts.cpp) use it: which ranks share a host, each rank's index on
+// its host, and the rails (rail k: the ranks with local index k on every host that has more than
+// k ranks, in host order; rail 0 is the host leaders). Derived from PlanRequest::hostOf alone, so
+// every rank derives the same view.
 #pragma once
 #include <algorithm>
 #include <vector>
@@ -17,11 +18,15 @@ struct HostView {
   std::vector<std::vector<int>> rails;      // per rail: its ranks, in host order
   bool even = true;                         // every host has the same number of ranks
 
-  explicit HostView(const PlanRequest& req) {
-    hostOf = req.hostOf.empty() ? std::vector<int>(req.world, 0) : req.hostOf;
-    ranksOf.resize(req.hosts());
-    localIndex.resize(req.world);
-    for (int r = 0; r < req.world; ++r) {
+  explicit HostView(const PlanRequest& req) : HostView(req.hostOf, req.world) {}
+
+  // hostOf: per rank, its host (0..hosts-1); empty: all `world` ranks on one host.
+  HostView(const std::vector<int>& of, int world) {
+    hostOf = of.empty() ? std::vector<int>(world, 0) : of;
+    const int hostCount = hostOf.empty() ? 1 : *std::max_element(hostOf.begin(), hostOf.end()) + 1;
+    ranksOf.resize(hostCount);
+    localIndex.resize(world);
+    for (int r = 0; r < world; ++r) {
       localIndex[r] = static_cast<int>(ranksOf[hostOf[r]].size());
       ranksOf[hostOf[r]].push_back(r);
     }
