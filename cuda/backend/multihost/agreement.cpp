@@ -68,8 +68,7 @@ void MultiHostGroup::agreeOnRail(const char* op, const OpSignature& mine) {
 SplitMatrix MultiHostGroup::exchangeSplits(const char* op, const std::vector<int64_t>& sendBytes,
                                            const std::vector<int64_t>& recvBytes, bool check) {
   const int64_t width = 2 * size_;
-  std::vector<int64_t> own(sendBytes);
-  own.insert(own.end(), recvBytes.begin(), recvBytes.end());
+  const std::vector<int64_t> own = SplitMatrix::row(sendBytes, recvBytes);
   const auto& hostRanks = layout_.table.ranksOf;
   at::Tensor ownRow = at::tensor(own, at::kLong);
   at::Tensor hostRows = at::empty({layout_.localSize(host_) * width}, at::kLong);
@@ -95,11 +94,7 @@ SplitMatrix MultiHostGroup::exchangeSplits(const char* op, const std::vector<int
   std::vector<const int64_t*> row(size_);
   for (int h = 0; h < layout_.hosts(); ++h)
     for (size_t i = 0; i < hostRanks[h].size(); ++i) row[hostRanks[h][i]] = rowsOf[h].data_ptr<int64_t>() + i * width;
-  SplitMatrix matrix{size_, {}, {}};
-  for (int r = 0; r < size_; ++r) {
-    matrix.bytes.insert(matrix.bytes.end(), row[r], row[r] + size_);
-    matrix.expected.insert(matrix.expected.end(), row[r] + size_, row[r] + width);
-  }
+  const SplitMatrix matrix = SplitMatrix::fromRows(row);
   if (check) checkSplits(op, matrix, false);
   return matrix;
 }

@@ -22,21 +22,16 @@ void MultiHostGroup::planned(const char* op, const std::function<void(ProcessGro
 SplitMatrix MultiHostGroup::exchangeSplitsPlanned(const char* op, const std::vector<int64_t>& sendBytes,
                                                   const std::vector<int64_t>& recvBytes) {
   const int64_t width = 2 * size_;
-  std::vector<int64_t> own(sendBytes);
-  own.insert(own.end(), recvBytes.begin(), recvBytes.end());
+  std::vector<int64_t> own = SplitMatrix::row(sendBytes, recvBytes);
   std::vector<int64_t> rows(static_cast<size_t>(size_) * width);
   ProcessGroupHOCCL::HostsOp o{op, OpKind::AllGather};
   o.in = {reinterpret_cast<char*>(own.data())};
   for (int r = 0; r < size_; ++r) o.out.push_back(reinterpret_cast<char*>(rows.data() + r * width));
   o.bytes = o.numel = width * static_cast<int64_t>(sizeof(int64_t));
   planned(op, [&](ProcessGroupHOCCL& host, int64_t tag) { host.runAcrossHosts(o, tag); });
-  SplitMatrix matrix{size_, {}, {}};
-  for (int r = 0; r < size_; ++r) {
-    const int64_t* row = rows.data() + r * width;
-    matrix.bytes.insert(matrix.bytes.end(), row, row + size_);
-    matrix.expected.insert(matrix.expected.end(), row + size_, row + width);
-  }
-  return matrix;
+  std::vector<const int64_t*> rowOf(size_);
+  for (int r = 0; r < size_; ++r) rowOf[r] = rows.data() + r * width;
+  return SplitMatrix::fromRows(rowOf);
 }
 
 void MultiHostGroup::alltoallPlanned(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs,
