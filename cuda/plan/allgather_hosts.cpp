@@ -92,9 +92,7 @@ Plan planAllGatherHosts(const PlanRequest& req, bool onlyRoot) {
   for (auto& in : incoming) in.waitAll(p);
   p.waitAll(sends);
   ensureHostBarrier(p);
-  int most = 0;
-  for (int h = 0; h < hv.hosts(); ++h) most = std::max(most, slotRounds(req, piecesOf(h, nullptr), n));
-  agreeOnBuffers(p, most);
+  agreeOnBuffers(p, mostSlotRounds(req, hv, n, [&](int h) { return piecesOf(h, nullptr); }));
   return p;
 }
 

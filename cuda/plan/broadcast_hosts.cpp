@@ -50,9 +50,7 @@ Plan planBroadcastHosts(const PlanRequest& req) {
   incoming.waitAll(p);
   p.waitAll(sends);
   ensureHostBarrier(p);
-  int most = 0;
-  for (int h = 0; h < hv.hosts(); ++h) most = std::max(most, slotRounds(req, piecesOf(h), n));
-  agreeOnBuffers(p, most);
+  agreeOnBuffers(p, mostSlotRounds(req, hv, n, piecesOf));
   return p;
 }
 
@@ -98,9 +96,7 @@ Plan planScatterHosts(const PlanRequest& req) {
   for (auto& in : incoming) in.waitAll(p);
   p.waitAll(sends);
   ensureHostBarrier(p);
-  int most = 0;
-  for (int h = 0; h < hv.hosts(); ++h) most = std::max(most, slotRounds(req, piecesOf(h, nullptr), n));
-  agreeOnBuffers(p, most);
+  agreeOnBuffers(p, mostSlotRounds(req, hv, n, [&](int h) { return piecesOf(h, nullptr); }));
   return p;
 }
 

@@ -133,6 +133,14 @@ inline void shareThroughSlots(Plan& p, const PlanRequest& req, const std::vector
     }
   });
 }
+// The most staging rounds any host's hand-off takes (piecesOf(h): host h's pieces), which every
+// rank of the group agrees its buffers on (agreeOnBuffers).
+template <typename PiecesOf>
+int mostSlotRounds(const PlanRequest& req, const HostView& hv, int64_t bytes, PiecesOf&& piecesOf) {
+  int most = 0;
+  for (int h = 0; h < hv.hosts(); ++h) most = std::max(most, slotRounds(req, piecesOf(h), bytes));
+  return most;
+}
 
 // Every rank of the group advances its slot cursor by the same count (the most buffers any
 // host's plan uses), so that the cursors of all hosts stay equal. A host whose plan used fewer
