@@ -13,7 +13,6 @@ namespace hoccl {
 struct GlooNetTransport::Transfer {
   bool isSend = false;
   int peer = -1;
-  int64_t tag = 0;
   size_t bytes = 0;
   at::Tensor view;  // the caller's bytes
   c10::intrusive_ptr<c10d::Work> work;
@@ -145,11 +144,11 @@ size_t GlooNetTransport::inFlight() const {
   return transfers_.size();
 }
 
-GlooNetTransport::Handle GlooNetTransport::isend(int peer, int64_t tag, const void* data, size_t bytes) {
+GlooNetTransport::Handle GlooNetTransport::isend(int peer, int64_t /*tag: ordered messages match by order*/,
+                                                 const void* data, size_t bytes) {
   auto t = std::make_shared<Transfer>();
   t->isSend = true;
   t->peer = peer;
-  t->tag = tag;
   t->bytes = bytes;
   checkPeer(*t);
   // Only read, by gloo.
@@ -169,10 +168,10 @@ GlooNetTransport::Handle GlooNetTransport::isend(int peer, int64_t tag, const vo
   return add(std::move(t));
 }
 
-GlooNetTransport::Handle GlooNetTransport::irecv(int peer, int64_t tag, void* data, size_t bytes) {
+GlooNetTransport::Handle GlooNetTransport::irecv(int peer, int64_t /*tag: ordered messages match by order*/,
+                                                 void* data, size_t bytes) {
   auto t = std::make_shared<Transfer>();
   t->peer = peer;
-  t->tag = tag;
   t->bytes = bytes;
   checkPeer(*t);
   t->view = at::from_blob(data, {static_cast<int64_t>(bytes)}, at::TensorOptions(at::kByte));
