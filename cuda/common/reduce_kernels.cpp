@@ -18,13 +18,31 @@ template <typename T>
 using Acc = std::conditional_t<std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>,
                                float, T>;
 
+// Of two NaNs, an add or multiply returns whichever the compiler made its first operand, so a NaN
+// accumulator is kept explicitly (quieted, as arithmetic quiets it): the NaN written does not
+// depend on the compiler. A bitwise select, because the compiler will not vectorize a
+// floating-point ?: while floating-point exceptions are observable.
+template <typename A>
+inline A keepNanAcc(A acc, A accQuieted, A result) {
+  using Bits = std::conditional_t<sizeof(A) == 4, uint32_t, uint64_t>;
+  Bits r, q;
+  std::memcpy(&r, &result, sizeof r);
+  std::memcpy(&q, &accQuieted, sizeof q);
+  const Bits nan = Bits(0) - Bits(acc != acc);
+  r = (q & nan) | (r & ~nan);
+  std::memcpy(&result, &r, sizeof r);
+  return result;
+}
+
 template <typename A, RedOp Op>
 inline A combine(A a, A b) {
   if constexpr (Op == RedOp::Sum) {
     if constexpr (std::is_same_v<A, bool>) return a || b;
+    else if constexpr (std::is_floating_point_v<A>) return keepNanAcc(a, a + a, a + b);
     else return a + b;
   } else if constexpr (Op == RedOp::Product) {
     if constexpr (std::is_same_v<A, bool>) return a && b;
+    else if constexpr (std::is_floating_point_v<A>) return keepNanAcc(a, a * a, a * b);
     else return a * b;
   } else if constexpr (Op == RedOp::Min) {
     return b < a ? b : a;
@@ -38,6 +56,13 @@ inline A combine(A a, A b) {
   return a;
 }
 
+// One source into the accumulator. Not inlined: inside the loop over sources, GCC -O3 fuses
+// pairs of sources (unroll-and-jam) from four sources on and then no longer vectorizes.
+template <typename T, RedOp Op>
+__attribute__((noinline)) void accumulate(Acc<T>* acc, const T* src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) acc[i] = combine<Acc<T>, Op>(acc[i], static_cast<Acc<T>>(src[i]));
+}
+
 template <typename T, RedOp Op>
 void reduceTyped(T* dst, const void* const* srcs, int nsrc, int64_t count) {
   using A = Acc<T>;
@@ -46,10 +71,7 @@ void reduceTyped(T* dst, const void* const* srcs, int nsrc, int64_t count) {
     const int64_t n = std::min(kBlock, count - base);
     const T* s0 = static_cast<const T*>(srcs[0]) + base;
     for (int64_t i = 0; i < n; ++i) acc[i] = static_cast<A>(s0[i]);
-    for (int k = 1; k < nsrc; ++k) {
-      const T* sk = static_cast<const T*>(srcs[k]) + base;
-      for (int64_t i = 0; i < n; ++i) acc[i] = combine<A, Op>(acc[i], static_cast<A>(sk[i]));
-    }
+    for (int k = 1; k < nsrc; ++k) accumulate<T, Op>(acc, static_cast<const T*>(srcs[k]) + base, n);
     T* d = dst + base;
     for (int64_t i = 0; i < n; ++i) d[i] = static_cast<T>(acc[i]);
   }
