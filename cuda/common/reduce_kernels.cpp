@@ -1,5 +1,7 @@
 #include "common/reduce_kernels.h"
 
+#include "common/reduce_vector.h"
+
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
@@ -19,9 +21,9 @@ using Acc = std::conditional_t<std::is_same_v<T, c10::Half> || std::is_same_v<T,
                                float, T>;
 
 // Of two NaNs, an add or multiply returns whichever the compiler made its first operand, so a NaN
-// accumulator is kept explicitly (quieted, as arithmetic quiets it): the NaN written does not
-// depend on the compiler. A bitwise select, because the compiler will not vectorize a
-// floating-point ?: while floating-point exceptions are observable.
+// accumulator is kept explicitly (quieted, as arithmetic quiets it), the rule the vector paths
+// follow too: every path writes the same NaN. A bitwise select, because the compiler will not
+// vectorize a floating-point ?: while floating-point exceptions are observable.
 template <typename A>
 inline A keepNanAcc(A acc, A accQuieted, A result) {
   using Bits = std::conditional_t<sizeof(A) == 4, uint32_t, uint64_t>;
@@ -63,11 +65,12 @@ __attribute__((noinline)) void accumulate(Acc<T>* acc, const T* src, int64_t n) 
   for (int64_t i = 0; i < n; ++i) acc[i] = combine<Acc<T>, Op>(acc[i], static_cast<Acc<T>>(src[i]));
 }
 
+// Elements [first, count): a vector path leaves its tail here.
 template <typename T, RedOp Op>
-void reduceTyped(T* dst, const void* const* srcs, int nsrc, int64_t count) {
+void reduceTyped(T* dst, const void* const* srcs, int nsrc, int64_t first, int64_t count) {
   using A = Acc<T>;
   A acc[kBlock];
-  for (int64_t base = 0; base < count; base += kBlock) {
+  for (int64_t base = first; base < count; base += kBlock) {
     const int64_t n = std::min(kBlock, count - base);
     const T* s0 = static_cast<const T*>(srcs[0]) + base;
     for (int64_t i = 0; i < n; ++i) acc[i] = static_cast<A>(s0[i]);
@@ -78,25 +81,26 @@ void reduceTyped(T* dst, const void* const* srcs, int nsrc, int64_t count) {
 }
 
 template <typename T>
-void reduceDispatchOp(void* dst, const void* const* srcs, int nsrc, int64_t count, RedOp op) {
+void reduceDispatchOp(void* dst, const void* const* srcs, int nsrc, int64_t first, int64_t count,
+                      RedOp op) {
   T* d = static_cast<T*>(dst);
   switch (op) {
     case RedOp::Sum:
     case RedOp::Avg:
     case RedOp::PremulSum:
-      return reduceTyped<T, RedOp::Sum>(d, srcs, nsrc, count);
+      return reduceTyped<T, RedOp::Sum>(d, srcs, nsrc, first, count);
     case RedOp::Product:
-      return reduceTyped<T, RedOp::Product>(d, srcs, nsrc, count);
+      return reduceTyped<T, RedOp::Product>(d, srcs, nsrc, first, count);
     case RedOp::Min:
-      return reduceTyped<T, RedOp::Min>(d, srcs, nsrc, count);
+      return reduceTyped<T, RedOp::Min>(d, srcs, nsrc, first, count);
     case RedOp::Max:
-      return reduceTyped<T, RedOp::Max>(d, srcs, nsrc, count);
+      return reduceTyped<T, RedOp::Max>(d, srcs, nsrc, first, count);
     case RedOp::BitAnd:
-      return reduceTyped<T, RedOp::BitAnd>(d, srcs, nsrc, count);
+      return reduceTyped<T, RedOp::BitAnd>(d, srcs, nsrc, first, count);
     case RedOp::BitOr:
-      return reduceTyped<T, RedOp::BitOr>(d, srcs, nsrc, count);
+      return reduceTyped<T, RedOp::BitOr>(d, srcs, nsrc, first, count);
     case RedOp::BitXor:
-      return reduceTyped<T, RedOp::BitXor>(d, srcs, nsrc, count);
+      return reduceTyped<T, RedOp::BitXor>(d, srcs, nsrc, first, count);
   }
 }
 
@@ -128,6 +132,42 @@ void scaleTyped(T* d, int64_t count, RedOp op, double factor, int world) {
 
 bool isFloating(c10::ScalarType t) { return c10::isFloatingType(t); }
 
+void reducePortable(void* dst, const void* const* srcs, int nsrc, int64_t first, int64_t count,
+                    c10::ScalarType dtype, RedOp op) {
+  switch (dtype) {
+#define HOCCL_CASE(T, N)                                             \
+  case c10::ScalarType::N:                                           \
+    return reduceDispatchOp<T>(dst, srcs, nsrc, first, count, op);
+    HOCCL_FOR_DTYPES(HOCCL_CASE)
+#undef HOCCL_CASE
+    default:
+      throw std::invalid_argument(std::string("hoccl: cannot reduce dtype ") + c10::toString(dtype));
+  }
+}
+
+// How many leading elements the vector path of `isa` reduced (none for the portable one).
+int64_t reduceVectorPrefix(ReduceIsa isa, void* dst, const void* const* srcs, int nsrc, int64_t count,
+                           c10::ScalarType dtype, RedOp op) {
+#if defined(__x86_64__)
+  if (isa == ReduceIsa::Avx512) return reduceVectorsAvx512(dst, srcs, nsrc, count, dtype, op);
+  if (isa == ReduceIsa::Avx2) return reduceVectorsAvx2(dst, srcs, nsrc, count, dtype, op);
+#endif
+  return 0;
+}
+
+void reduceWith(ReduceIsa isa, void* dst, const void* const* srcs, int nsrc, int64_t count,
+                c10::ScalarType dtype, RedOp op) {
+  if (count == 0) return;
+  const int64_t done = reduceVectorPrefix(isa, dst, srcs, nsrc, count, dtype, op);
+  if (done < count) reducePortable(dst, srcs, nsrc, done, count, dtype, op);
+}
+
+ReduceIsa detectBestIsa() {
+  for (ReduceIsa isa : {ReduceIsa::Avx512, ReduceIsa::Avx2})
+    if (cpuHasReduceIsa(isa)) return isa;
+  return ReduceIsa::Portable;
+}
+
 }  // namespace
 
 size_t elementSize(c10::ScalarType dtype) { return c10::elementSize(dtype); }
@@ -149,18 +189,41 @@ std::string checkReducible(c10::ScalarType dtype, RedOp op) {
   return "";
 }
 
+const char* reduceIsaName(ReduceIsa isa) {
+  switch (isa) {
+    case ReduceIsa::Portable: return "portable";
+    case ReduceIsa::Avx2: return "avx2";
+    case ReduceIsa::Avx512: return "avx512";
+  }
+  return "?";
+}
+
+bool cpuHasReduceIsa(ReduceIsa isa) {
+#if defined(__x86_64__)
+  __builtin_cpu_init();  // safe to repeat; needed if this runs before libgcc's own constructor
+  // libgcc reports AVX and AVX-512 only when the OS also saves their registers.
+  if (isa == ReduceIsa::Avx2) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  if (isa == ReduceIsa::Avx512) return __builtin_cpu_supports("avx512f");
+#endif
+  return isa == ReduceIsa::Portable;
+}
+
+ReduceIsa bestReduceIsa() {
+  static const ReduceIsa best = detectBestIsa();
+  return best;
+}
+
+void reduceIntoOn(ReduceIsa isa, void* dst, const void* const* srcs, int nsrc, int64_t count,
+                  c10::ScalarType dtype, RedOp op) {
+  if (!cpuHasReduceIsa(isa))
+    throw std::invalid_argument(std::string("hoccl: this CPU cannot run the ") + reduceIsaName(isa) +
+                                " reduction path");
+  reduceWith(isa, dst, srcs, nsrc, count, dtype, op);
+}
+
 void reduceInto(void* dst, const void* const* srcs, int nsrc, int64_t count, c10::ScalarType dtype,
                 RedOp op) {
-  if (count == 0) return;
-  switch (dtype) {
-#define HOCCL_CASE(T, N)                                      \
-  case c10::ScalarType::N:                                    \
-    return reduceDispatchOp<T>(dst, srcs, nsrc, count, op);
-    HOCCL_FOR_DTYPES(HOCCL_CASE)
-#undef HOCCL_CASE
-    default:
-      throw std::invalid_argument(std::string("hoccl: cannot reduce dtype ") + c10::toString(dtype));
-  }
+  reduceWith(bestReduceIsa(), dst, srcs, nsrc, count, dtype, op);
 }
 
 void postScale(void* dst, int64_t count, c10::ScalarType dtype, RedOp op, double factor, int world) {
