@@ -5,6 +5,7 @@
 
 #include "python/cuda_bindings.h"
 #include "python/plan_bindings.h"
+#include "python/reduce_bindings.h"
 #include "python/varipath_bindings.h"
 #include "plan/plan.h"
 #include "backend/direct_allreduce.h"
@@ -143,6 +144,7 @@ PYBIND11_MODULE(_C, m) {
   bindCuda(m);
   bindVariPath(m);
   bindPlans(m);
+  bindReductions(m);
 #ifdef HOCCL_WITH_CUDA
   m.attr("built_with_cuda") = true;
 #else
