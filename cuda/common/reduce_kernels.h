@@ -16,17 +16,17 @@ std::string checkReducible(c10::ScalarType dtype, RedOp op);
 
 // dst[i] = srcs[0][i] (op) srcs[1][i] (op) ... ; dst may alias any source.
 // Avg and PremulSum reduce as Sum; apply postScale afterwards.
-// Runs on the fastest instruction set this CPU has (see ReduceIsa).
+// Runs on the widest vector instruction set this CPU has (see ReduceIsa).
 void reduceInto(void* dst, const void* const* srcs, int nsrc, int64_t count, c10::ScalarType dtype,
                 RedOp op);
 
 // Instruction sets reduceInto can run on. Float, bfloat16 and half with sum, product, min and max
-// have vector paths; every other pair, and any tail shorter than a vector, takes the portable one.
+// have vector paths; every other pair, and the tail after the last full step, take the portable one.
 // All give the portable path's bits, so ranks on different CPUs still agree.
 enum class ReduceIsa : int8_t { Portable, Avx2, Avx512 };
 
 const char* reduceIsaName(ReduceIsa isa);  // "portable", "avx2", "avx512"
-bool cpuHasReduceIsa(ReduceIsa isa);       // avx2 also needs F16C for half
+bool cpuHasReduceIsa(ReduceIsa isa);       // "avx2" means AVX2 and F16C
 ReduceIsa bestReduceIsa();                 // what reduceInto uses on this CPU
 
 // reduceInto on a chosen instruction set, for tests and benchmarks that compare them;
