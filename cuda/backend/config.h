@@ -30,7 +30,7 @@ struct HocclConfig {
   int64_t sharedYieldMicros = 0;       // yield window before a futex sleep while other work shares the cores
   int64_t sharedSliceMicros = 100;     // scheduler time slice a waiter asks for while it sleeps on shared cores (0: default)
   WaitPolicy waitPolicy = WaitPolicy::Auto;
-  int64_t streamingCopyMinBytes = 1 << 20;  // copies into outputs from this size bypass the cache
+  int64_t streamingCopyMinBytes = 4 << 20;  // ops with outputs this large copy into them bypassing the cache
   int64_t hugePageMinBytes = 4 << 20;  // reused peer-read buffers from this size go on huge pages (0: off)
   int64_t alltoallPlanCache = 8;       // VarioPath plans kept for repeated split matrices (0: off)
   bool cudaViaHostOnly = false;  // HOCCL_CUDA_TRANSPORT=host

@@ -34,7 +34,7 @@ ProcessGroupHOCCL::ProcessGroupHOCCL(const c10::intrusive_ptr<c10d::Store>& stor
   checkSingleHost(hosts_, rank);
   noteJobRanksOnHost(static_cast<int>(hosts_.ranksOf[hosts_.hostOf[rank]].size()));
   group_ = std::make_unique<ShmGroup>(store, rank, size, config_.shm, timeout);
-  executor_ = std::make_unique<Executor>(*group_, config_.streamingCopyMinBytes);
+  executor_ = std::make_unique<Executor>(*group_);
   if (config_.debug >= 1) profile_ = std::make_unique<OpProfile>();
   worker_ = std::thread([this] { workerLoop(); });
 }

@@ -157,6 +157,22 @@ void ProcessGroupHOCCL::promoteReusedBuffers(const Collective& c) {
                  std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
 }
 
+namespace {
+// Bytes this rank's outputs receive.
+int64_t outputBytes(const PlanRequest& req, const std::vector<int64_t>& recvBytes) {
+  switch (req.kind) {
+    case OpKind::AllGather:
+    case OpKind::Gather: return req.bytes * req.world;
+    case OpKind::AllToAll: {
+      int64_t total = 0;
+      for (int64_t b : recvBytes) total += b;
+      return total;
+    }
+    default: return req.bytes;
+  }
+}
+}  // namespace
+
 void ProcessGroupHOCCL::runCollective(Collective& c) {
   c.start = std::chrono::steady_clock::now();
   c.deadline = c.start + timeout_;
@@ -168,6 +184,8 @@ void ProcessGroupHOCCL::runCollective(Collective& c) {
   c.req.crossMemory = group_->crossMemory();
   c.req.crossMemoryMinBytes = crossMemoryMinBytes(c.req.kind);
   c.req.allReduceDirectReadMaxBytes = config_.allReduceDirectReadMaxBytes;
+  c.ctx.streamOutputs = config_.streamingCopyMinBytes > 0 &&
+                        outputBytes(c.req, c.recvBytes) >= config_.streamingCopyMinBytes;
   c.ctx.desc.opSeq = ++opSeq_;
   c.ctx.desc.kind = static_cast<int8_t>(c.req.kind);
   c.ctx.desc.dtype = static_cast<int8_t>(c.ctx.dtype);

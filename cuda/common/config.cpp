@@ -44,8 +44,8 @@ const std::vector<Variable> kTable = {
      "HOCCL_HUGEPAGE_MIN_BYTES=0"},
     {"HOCCL_HUGEPAGE_MIN_BYTES", K::Bytes, R::Core, "4M", "",
      "a reused tensor range of this size that peers read directly goes onto transparent huge pages; 0: off"},
-    {"HOCCL_STREAMING_COPY_BYTES", K::Bytes, R::Core, "512K", "",
-     "copies into an op's outputs from this size use cache-bypassing stores; 0: off"},
+    {"HOCCL_STREAMING_COPY_BYTES", K::Bytes, R::Core, "4M", "",
+     "ops whose outputs total at least this many bytes on a rank copy into them with cache-bypassing stores; 0: off"},
     {"HOCCL_SPIN_US", K::Integer, R::Core, "auto", "",
      "microseconds a rank busy-waits at a barrier before yielding its core; auto: 30, or 0 while cores are "
      "shared (HOCCL_WAIT_POLICY); a value set here holds in both cases"},

@@ -67,7 +67,8 @@ void Executor::copy(const Step& step, const ExecContext& ctx) {
   if (dst == src) return;
   // The op's outputs are not read again by this op (peers read published outputs only after a
   // barrier, and the sfence in streamingCopy orders the bytes before it): bypass the cache.
-  bool streaming = step.dst.space == Space::Out && streamingMinBytes_ > 0 && step.bytes >= streamingMinBytes_;
+  // Short copies stay plain: a streaming store's partial lines cost more than it saves.
+  bool streaming = step.dst.space == Space::Out && ctx.streamOutputs && step.bytes >= (64 << 10);
   if (streaming) streamingCopy(dst, src, static_cast<size_t>(step.bytes));
   else std::memcpy(dst, src, static_cast<size_t>(step.bytes));
 }

@@ -35,6 +35,9 @@ struct ExecContext {
   // While blocked on a peer: throws on timeout, abort or a dead peer.
   std::function<void(int waitingFor)> check;
   PhaseTimes* times = nullptr;  // accumulates per-step time when set
+  // Copies into the outputs use streaming (cache-bypassing) stores: the backend sets it for ops
+  // whose outputs are too large to still be in cache when the caller reads them.
+  bool streamOutputs = false;
   // Plans across hosts (Plan::crossesHosts): Send/Recv steps go to `net` with tag `netTag` (one
   // per op, the same on every rank), and plans name ranks of the whole group, which
   // `localIndex` maps to the local transport's ranks (-1: another host). Unset on one host.
@@ -47,9 +50,7 @@ struct ExecContext {
 
 class Executor {
  public:
-  // Copies into the op's outputs of at least streamingMinBytes (> 0) use streaming stores.
-  Executor(LocalTransport& transport, int64_t streamingMinBytes)
-      : transport_(transport), streamingMinBytes_(streamingMinBytes) {}
+  explicit Executor(LocalTransport& transport) : transport_(transport) {}
   void run(const Plan& plan, ExecContext& ctx);
   // Once per collective, after its last plan: lets go of peers' shared tensors idle for a while.
   void endOp() { transport_.endOp(); }
@@ -71,7 +72,6 @@ class Executor {
   void cancelTransfers(const ExecContext& ctx);
   int local(int rank, const ExecContext& ctx) const;
   LocalTransport& transport_;
-  int64_t streamingMinBytes_;
   uint32_t addressParity_ = 0;  // parity of the current op's first barrier
   std::vector<char> tiles_;     // per-source staging for reductions over remote memory
   std::vector<char> scratch_;   // Space::Scratch of the running plan

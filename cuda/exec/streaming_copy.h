@@ -6,11 +6,13 @@
 // 7.6 GB/s). glibc switches to such stores only above a threshold derived from the last-level
 // cache size, which a VM reports as its host's (300 MiB here), so it never does. Use it only
 // for destinations nobody reads again soon: the user's output buffers of a large collective.
-// HOCCL_STREAMING_COPY_BYTES sets the size from which the executor uses it (0: never).
-// From 512 KiB by default: a world-2 1 MiB all_to_all, whose reads and writes (2.5 MiB a rank)
-// overflow a 2 MiB L2, runs ~8 % faster with its 512 KiB own-half copy streamed; below, the copy
-// stays in cache and plain stores win (a 128 KiB copy streamed: 16 against 12 us per 256 KiB
-// all_to_all).
+// HOCCL_STREAMING_COPY_BYTES sets the op output size (per rank) from which the backend asks for
+// it (0: never). From 4 MiB by default, not per copy: a caller usually reads a collective's
+// output next (the residual add after a tensor-parallel all_reduce), and an output that fits in
+// cache is then a cache hit that streaming would turn into a memory read. World 2, 1 MiB fp32
+// all_reduce (two 512 KiB copies out): 151 us with those copies streamed, 96 us plain; from
+// 4 MiB outputs stop fitting next to the op's staging and streaming pays (4 MiB: ~335 against
+// ~400 us).
 #pragma once
 #include <cstddef>
 
