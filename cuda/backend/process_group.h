@@ -235,6 +235,7 @@ class ProcessGroupHOCCL : public c10d::Backend {
   // Whether any rank saw shared cores at the last op with validated descriptors: every rank reads
   // the same descriptors, so all stage the next ops in the same rounds. Worker thread only.
   bool groupCoresShared_ = false;
+  bool groupOtherWork_ = false;  // the same for the job's own compute (coresShared == 2): no yields
   uint64_t monitoredBarriers_ = 0;  // calls so far: keys of each call are fresh
 
   std::mutex queueMutex_;

@@ -34,16 +34,28 @@ bool ProcessGroupHOCCL::anyRankSawSharedCores(uint32_t parity) const {
   return false;
 }
 
+static bool anyRankSawOtherWork(const ShmGroup& group, int size, uint32_t parity) {
+  for (int r = 0; r < size; ++r)
+    if (group.control(r).desc[parity].coresShared == 2) return true;
+  return false;
+}
+
+// The descriptor's coresShared: 0 none, 1 shared among ranks (or with other sessions' work), 2
+// shared with the job's own compute. A rank yields before it sleeps unless it or, at the group's
+// last agreed op, any peer saw the job's compute: a peer's compute threads take this rank's yields
+// as readily as its own (one scheduling group), so the group follows its most loaded rank.
 void ProcessGroupHOCCL::noteCoreSharing(Collective& c) {
   const CoreSharing sharing = coreSharingNow(config_.waitPolicy);
-  const int64_t yieldUs = sharing == CoreSharing::WithOtherWork ? config_.sharedYieldMicros : 1000;
+  const bool otherWork = sharing == CoreSharing::WithOtherWork;
+  const int64_t yieldUs = otherWork || (groupOtherWork_ && sharing != CoreSharing::None) ? config_.sharedYieldMicros : 1000;
   setCoresShared(sharing != CoreSharing::None, std::chrono::microseconds(yieldUs),
                  std::chrono::microseconds(config_.sharedSliceMicros));
-  c.ctx.desc.coresShared = sharing != CoreSharing::None;
+  c.ctx.desc.coresShared = otherWork ? 2 : sharing != CoreSharing::None ? 1 : 0;
 }
 
 void ProcessGroupHOCCL::validateDescriptors(const Collective& c, uint32_t parity) {
   groupCoresShared_ = anyRankSawSharedCores(parity);
+  groupOtherWork_ = anyRankSawOtherWork(*group_, size_, parity);
   const OpDesc& mine = c.ctx.desc;
   bool agree = true;  // the common case, checked without building any message
   for (int r = 0; r < size_ && agree; ++r) {
