@@ -1,17 +1,18 @@
 #include "backend/core_sharing.h"
 
 #include <fcntl.h>
-#include <pthread.h>
 #include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
-#include <cstring>
+#include <ctime>
 #include <fstream>
 #include <mutex>
 #include <string>
+
+#include "backend/thread_scan.h"
 
 namespace hoccl {
 namespace {
@@ -45,6 +46,13 @@ int localWorldSizeFromEnv() {
     return (end && *end == '\0' && n > 0 && n < (1 << 20)) ? static_cast<int>(n) : 0;
   }();
   return ranks;
+}
+
+// The scan's own cost: on a busy machine its wall time also counts the time it waited for a core.
+std::chrono::nanoseconds threadCpuTime() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
 }
 
 // "0.52 0.58 0.59 3/467 12345": the fourth field's numerator.
@@ -90,44 +98,6 @@ bool LoadSampler::overloaded(std::chrono::steady_clock::time_point now, int capa
   return __builtin_popcount(history_) >= 2;
 }
 
-static int64_t clockNs(clockid_t clock) {
-  timespec ts;
-  if (clock_gettime(clock, &ts) != 0) return -1;
-  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
-}
-
-void OwnComputeMeter::registerThisThread() {
-  clockid_t clock;
-  if (pthread_getcpuclockid(pthread_self(), &clock) != 0) return;
-  opThreads_.push_back({clock, clockNs(clock)});
-  lastProcessNs_ = -1;  // the new thread's time so far belongs to no window: start a fresh one
-}
-
-int OwnComputeMeter::permilleSinceLastCall(std::chrono::steady_clock::time_point now) {
-  const int64_t processNs = clockNs(CLOCK_PROCESS_CPUTIME_ID);
-  int64_t opNs = 0;
-  bool threadGone = false;
-  for (size_t i = 0; i < opThreads_.size();) {
-    const int64_t ns = clockNs(opThreads_[i].clock);
-    if (ns < 0) {  // exited: its time stays in the process's total, so this window is not told
-      opThreads_[i] = opThreads_.back();
-      opThreads_.pop_back();
-      threadGone = true;
-      continue;
-    }
-    opNs += ns - opThreads_[i].lastNs;
-    opThreads_[i].lastNs = ns;
-    ++i;
-  }
-  const int64_t wallNs = std::chrono::duration_cast<std::chrono::nanoseconds>(now - lastWall_).count();
-  const bool first = lastProcessNs_ < 0 || processNs < 0;
-  const int64_t otherNs = first ? 0 : processNs - lastProcessNs_ - opNs;
-  lastProcessNs_ = processNs;
-  lastWall_ = now;
-  if (first || threadGone || wallNs <= 0) return -1;
-  return static_cast<int>(std::max<int64_t>(0, otherNs) * 1000 / wallNs);
-}
-
 bool tasksGrouped() {
   static const bool grouped = [] {
     std::ifstream autogroup("/proc/sys/kernel/sched_autogroup_enabled");
@@ -148,48 +118,64 @@ bool tasksGrouped() {
   return grouped;
 }
 
-namespace {
-// Share of a core the job's own compute (outside op threads) must take in a window to count:
-// a GEMM thread beside each of 4 ranks on 2 cores gets ~250-500; c10d's own threads, ~0.
-constexpr int kComputeMinPermille = 200;
-}  // namespace
+const char* coreSharingName(CoreSharing sharing) {
+  switch (sharing) {
+    case CoreSharing::None:
+      return "none";
+    case CoreSharing::AmongRanks:
+      return "among_ranks";
+    case CoreSharing::WithOtherWork:
+      return "with_other_work";
+  }
+  return "?";
+}
 
-// Other work that takes a yield's core: the job's own compute beside the ranks (sampled every 50
-// ms like the load, 2 of the last 5 windows). The machine's runnable threads beyond its CPUs and
-// the job's ranks say the cores are shared; they say yields are costly only where the scheduler
-// does not group tasks (tasksGrouped): elsewhere that load is in other sessions or containers,
-// which a yield does not feed (world 4 on 2 cores beside other sessions' builds, 4 KiB all_reduce:
-// 129-164 us yielding against 180-186 us sleeping at once; beside compute in the same session,
-// 1.7-9.4 ms yielding against 186-621 us sleeping).
+void ComputeSampler::note(Clock::time_point now, int others, std::chrono::nanoseconds cost) {
+  readable_ = others >= 0;
+  const bool changed = readable_ && (others > 0) != computing_;
+  if (changed && !changeSeen_) {
+    changeSeen_ = true;
+    next_ = now + std::chrono::milliseconds(1);
+    return;
+  }
+  if (changed) computing_ = !computing_;
+  changeSeen_ = false;
+  next_ = now + std::clamp<std::chrono::nanoseconds>(cost * 400, std::chrono::milliseconds(10),
+                                                     std::chrono::milliseconds(250));
+}
+
+// Load past the CPUs and the ranks makes a yield costly only where the scheduler does not group
+// tasks: elsewhere it is other sessions' or containers' work, which a yield does not feed (world
+// 4 on 2 cores beside other sessions' builds, 4 KiB all_reduce: 129-164 us yielding against
+// 180-186 us sleeping at once; beside compute in the same session, 1.7-9.4 ms yielding against
+// 186-621 us sleeping).
+CoreSharing decideCoreSharing(const CoreSharingSignals& s) {
+  if (!s.loaded && s.ranks <= s.cpus) return CoreSharing::None;
+  if (s.ownCompute || (s.loaded && !s.tasksGrouped)) return CoreSharing::WithOtherWork;
+  return CoreSharing::AmongRanks;
+}
+
 CoreSharing coreSharingNow(WaitPolicy policy) {
   if (policy == WaitPolicy::Busy) return CoreSharing::WithOtherWork;
   if (policy == WaitPolicy::Idle) return CoreSharing::None;
-  const int ranks = jobRanksOnHost();
   static std::mutex mutex;
-  static LoadSampler sampler;
-  static OwnComputeMeter meter;
-  static std::chrono::steady_clock::time_point lastComputeSample{};
-  static uint32_t computeHistory = 0;
-  thread_local bool registered = false;
-  bool loaded, computing;
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    const auto now = std::chrono::steady_clock::now();
-    if (!registered) {
-      meter.registerThisThread();
-      registered = true;
-    }
-    if (now - lastComputeSample >= std::chrono::milliseconds(50)) {
-      lastComputeSample = now;
-      const int permille = meter.permilleSinceLastCall(now);
-      if (permille >= 0) computeHistory = ((computeHistory << 1) | (permille >= kComputeMinPermille ? 1u : 0u)) & 0x1f;
-    }
-    computing = __builtin_popcount(computeHistory) >= 2;
-    loaded = sampler.overloaded(now, std::max(onlineCpus(), ranks));
+  static LoadSampler load;
+  static ComputeSampler compute;
+  CoreSharingSignals s;
+  s.ranks = jobRanksOnHost();
+  s.cpus = cpusAllowed();
+  s.tasksGrouped = tasksGrouped();
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto now = std::chrono::steady_clock::now();
+  s.loaded = load.overloaded(now, std::max(onlineCpus(), s.ranks));
+  if (decideCoreSharing(s) == CoreSharing::None) return CoreSharing::None;  // whatever computes: no scan
+  if (compute.due(now)) {
+    const auto cpuBefore = threadCpuTime();
+    const int others = otherRunnableThreadsInProcess(1);
+    compute.note(now, others, threadCpuTime() - cpuBefore);
   }
-  if (computing) return CoreSharing::WithOtherWork;
-  if (loaded) return tasksGrouped() ? CoreSharing::AmongRanks : CoreSharing::WithOtherWork;
-  return ranks > cpusAllowed() ? CoreSharing::AmongRanks : CoreSharing::None;
+  s.ownCompute = compute.readable() ? compute.computing() : s.loaded;
+  return decideCoreSharing(s);
 }
 
 }  // namespace hoccl

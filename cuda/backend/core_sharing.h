@@ -15,8 +15,6 @@
 #pragma once
 #include <chrono>
 #include <cstdint>
-#include <ctime>
-#include <vector>
 
 namespace hoccl {
 
@@ -53,32 +51,54 @@ class LoadSampler {
   int samples_ = 0;
 };
 
-// CPU time this process spent outside the threads that run hoccl ops, as a share of one core
-// (1000: one core's worth) since the previous call: the model's compute threads, DDP's backward,
-// torch's intra-op pool. Op threads (the caller of a synchronous op, the worker) are excluded
-// whole: their waits are the ranks' own, and their work between ops is serialized with the op.
-// The first call from a thread registers it as an op thread. -1 on the first call.
-class OwnComputeMeter {
+// Whether the job's own compute runs beside this process's ops, from snapshots of its runnable
+// threads (otherRunnableThreadsInProcess, backend/thread_scan.h) rather than CPU time over a
+// window: another backend's turn that just ended, or compute that paused, does not hold it for
+// the next ops. A scan costs ~3 us a thread on a VM and a small op a few us, so scans are at
+// least 10 ms apart, more where the process has many threads (under 0.25 % of the time); a
+// change holds once a second look a millisecond later agrees (a thread that was still finishing
+// when the op started, such as another backend's last op, is no compute).
+class ComputeSampler {
  public:
-  int permilleSinceLastCall(std::chrono::steady_clock::time_point now);
-  void registerThisThread();
+  using Clock = std::chrono::steady_clock;
+  bool due(Clock::time_point now) const { return now >= next_; }
+  // `others`: the scan's count (-1: unreadable); `cost`: the CPU time the scan took.
+  void note(Clock::time_point now, int others, std::chrono::nanoseconds cost);
+  bool computing() const { return computing_; }
+  bool readable() const { return readable_; }  // false while scans fail: nothing known
 
  private:
-  struct OpThread {
-    clockid_t clock;
-    int64_t lastNs;
-  };
-  std::vector<OpThread> opThreads_;
-  int64_t lastProcessNs_ = -1;
-  std::chrono::steady_clock::time_point lastWall_{};
+  Clock::time_point next_{};
+  bool computing_ = false;
+  bool readable_ = true;
+  bool changeSeen_ = false;  // the last scan disagreed with computing_: the next one confirms
 };
+
+// "none", "among_ranks", "with_other_work".
+const char* coreSharingName(CoreSharing sharing);
+
+// What coreSharingNow decides from, each sampled by it.
+struct CoreSharingSignals {
+  int ranks = 1;              // the job's ranks on this host (jobRanksOnHost)
+  int cpus = 1;               // CPUs a rank may run on
+  bool loaded = false;        // the machine's runnable threads past its CPUs and the ranks (LoadSampler)
+  bool ownCompute = false;    // another thread of this process runnable at op start (ComputeSampler)
+  bool tasksGrouped = false;  // tasksGrouped()
+};
+
+// Shared cores need more ranks than CPUs or a loaded machine; whether the job's own compute
+// shares them (no yields) needs its threads or, where the scheduler does not group tasks, the
+// load. Compute beside ranks that each have a core of their own shares nothing: they spin.
+CoreSharing decideCoreSharing(const CoreSharingSignals& s);
 
 // Whether the scheduler groups tasks (autogroup per session, or a cpu cgroup other than the
 // root): then another session's load does not receive this process's yields.
 bool tasksGrouped();
 
 // This process's view, for the op it is about to run: the policy when forced (Busy: other
-// work), else ranks per core and the machine's load. Thread-safe.
+// work), else decideCoreSharing from ranks per core, the machine's load and, while those say
+// cores are shared, this process's compute threads (the scan costs nothing otherwise). A process
+// whose threads cannot be scanned takes the load for its compute. Thread-safe.
 CoreSharing coreSharingNow(WaitPolicy policy);
 
 }  // namespace hoccl

@@ -47,7 +47,8 @@ static bool anyRankSawOtherWork(const ShmGroup& group, int size, uint32_t parity
 void ProcessGroupHOCCL::noteCoreSharing(Collective& c) {
   const CoreSharing sharing = coreSharingNow(config_.waitPolicy);
   const bool otherWork = sharing == CoreSharing::WithOtherWork;
-  const int64_t yieldUs = otherWork || (groupOtherWork_ && sharing != CoreSharing::None) ? config_.sharedYieldMicros : 1000;
+  const bool besideCompute = otherWork || (groupOtherWork_ && sharing != CoreSharing::None);
+  const int64_t yieldUs = besideCompute ? config_.sharedYieldMicros : 1000;
   setCoresShared(sharing != CoreSharing::None, std::chrono::microseconds(yieldUs),
                  std::chrono::microseconds(config_.sharedSliceMicros));
   c.ctx.desc.coresShared = otherWork ? 2 : sharing != CoreSharing::None ? 1 : 0;
