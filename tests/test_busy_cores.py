@@ -5,6 +5,7 @@ independent rank-order reference and against the other mode, at worlds 2, 3 and 
 tests is timed; the benchmark (`bench --busy`) measures."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -136,6 +137,8 @@ def _pinned_job(rank, world, cpus, nbytes):
     import torch.distributed as dist
     from datetime import timedelta
 
+    import hoccl_backend  # noqa: F401  (registers "hoccl" where torch does not autoload it)
+
     os.environ.pop("LOCAL_WORLD_SIZE", None)
     os.sched_setaffinity(0, cpus)
     dist.init_process_group("hoccl", rank=rank, world_size=world, timeout=timedelta(seconds=120))
@@ -170,3 +173,149 @@ def test_bad_wait_settings_fail_group_creation_naming_the_variable(name, value):
     results = run_ranks(traced_all_reduces, 2, 16, 1, env={name: value}, expect_errors=True, timeout=120)
     for status in results:
         assert status[0] == "error" and name in status[1], status
+
+
+# --- whose threads compete for a waiter's core -------------------------------------------------
+
+_SCAN_SCRIPT = r"""
+import hashlib, json, os, threading, time
+import torch
+torch.set_num_threads(1)
+from hoccl_backend import _C
+
+def scans(n):
+    return [_C.other_runnable_threads_in_process() for _ in range(n)]
+
+# A sleeping thread whose name looks like a runnable one's stat line: "tid (a) R (b) S ...".
+asleep, named = threading.Event(), threading.Event()
+def sleeper():
+    with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as f:
+        f.write("a) R (b")
+    named.set()
+    asleep.wait()
+threading.Thread(target=sleeper).start()
+named.wait()
+def state(tid):  # read here without hoccl: the letter after the last ')'
+    with open(f"/proc/self/task/{tid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+sleeper_tid = next(t for t in os.listdir("/proc/self/task") if open(f"/proc/self/task/{t}/comm").read() == "a) R (b\n")
+while state(sleeper_tid) != "S":  # on a loaded machine it may wait for a core before it sleeps
+    time.sleep(0.001)
+idle = scans(5)
+
+# Two threads hashing 16 MiB at a time (the GIL released inside): runnable whenever scanned.
+stop, data = threading.Event(), b"x" * (16 << 20)
+def hasher():
+    while not stop.is_set():
+        hashlib.sha256(data).digest()
+hashers = [threading.Thread(target=hasher) for _ in range(2)]
+for t in hashers:
+    t.start()
+busy = scans(20)
+stop.set()
+for t in hashers:
+    t.join()
+# An exited thread may stay runnable a moment on its way out (the kernel's side of the exit).
+after = scans(1)
+for _ in range(2000):
+    if after[-1] == 0:
+        break
+    after += scans(1)
+asleep.set()
+print(json.dumps([idle, busy, after[-1]]))
+"""
+
+
+def test_a_scan_counts_this_process_s_runnable_threads_but_not_sleeping_ones():
+    out = subprocess.run([sys.executable, "-c", _SCAN_SCRIPT], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    idle, busy, after = json.loads(out.stdout.strip().splitlines()[-1])
+    # Neither the caller nor a sleeper named like "(a) R (b" counts (another thread of torch's
+    # may wake meanwhile: one scan of none is enough).
+    assert min(idle) == 0, idle
+    assert min(busy) >= 1 and max(busy) == 2, busy  # one holds the GIL or hashes at any moment
+    assert after == 0, after  # threads that left are not read through files kept open for them
+
+
+@pytest.mark.parametrize("ranks,cpus,loaded,compute,grouped,expected", [
+    (2, 2, False, False, True, "none"),               # a core per rank, nothing else runs
+    (4, 16, False, True, True, "none"),               # compute beside ranks that have cores: spin
+    (4, 2, False, False, True, "among_ranks"),        # more ranks than CPUs
+    (4, 2, True, False, True, "among_ranks"),         # other sessions' load: a yield still goes to a rank
+    (2, 2, True, False, True, "among_ranks"),
+    (2, 2, True, False, False, "with_other_work"),    # the scheduler hands yields to anyone's load
+    (2, 2, True, True, True, "with_other_work"),      # the job's compute beside the ranks
+    (4, 2, False, True, True, "with_other_work"),     # the load not seen yet: the compute is enough
+])
+def test_the_wait_policy_decides_from_ranks_per_cpu_load_and_the_job_s_compute(ranks, cpus, loaded, compute,
+                                                                             grouped, expected):
+    from hoccl_backend import _C
+
+    assert _C.decide_core_sharing(ranks, cpus, loaded, compute, grouped) == expected
+
+
+def test_the_compute_sampler_holds_a_change_once_a_second_look_agrees():
+    from hoccl_backend import _C
+
+    # (ms, runnable threads a scan finds) -> (scanned, computing); scans are 10 ms apart, 1 ms
+    # after one that disagreed with the state.
+    steps = [
+        (0, 1, True, False),    # first sight of compute: not yet
+        (0.5, 1, False, False),
+        (1, 1, True, True),     # confirmed a millisecond later
+        (5, 1, False, True),
+        (11, 0, True, True),    # nothing runnable: look again
+        (12, 1, True, True),    # a pause between products, not the end of the compute
+        (22, 0, True, True),
+        (23, 0, True, False),   # confirmed: compute stopped
+        (33, -1, True, False),  # an unreadable scan changes nothing
+        (43, 2, True, False),   # a lone thread finishing as the op started...
+        (44, 0, True, False),   # ...is gone a millisecond later
+        (50, 1, False, False),
+    ]
+    got = _C.replay_compute_sampler([(ms, found) for ms, found, _, _ in steps])
+    assert got == [(scanned, computing) for _, _, scanned, computing in steps], got
+
+
+def modes_around_compute(rank, world, cpu, ops):
+    """The wait policy each op of this rank saw: before, with and after a GEMM thread beside it,
+    every rank on one CPU (more ranks than CPUs: cores shared whatever else runs)."""
+    import threading
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from hoccl_backend.bench_busy import ComputeThreads
+
+    os.sched_setaffinity(0, [cpu])
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    x = torch.ones(1024)
+
+    def phase():
+        seen = []
+        for _ in range(ops):
+            dist.all_reduce(x)
+            seen.append(backend.last_core_sharing())
+            time.sleep(0.002)  # scans are 10 ms apart: every phase spans several
+        return seen
+
+    before = phase()
+    compute = ComputeThreads(1)
+    during = phase()
+    compute.close()
+    after = phase()
+    assert threading.active_count() == 1
+    return before[-1], during[-1], after[-1]
+
+
+def test_ranks_stop_yielding_while_the_job_s_own_compute_runs_beside_them():
+    from hoccl_backend import _C
+
+    cpu = _on_two_cpus()[0]
+    results = run_ranks(modes_around_compute, 2, cpu, 60, timeout=300)
+    quiet = "among_ranks" if _C.tasks_grouped() else None  # ungrouped: anyone's load takes the yields
+    for before, during, after in results:
+        assert during == "with_other_work", results
+        if quiet:
+            assert before == after == quiet, results

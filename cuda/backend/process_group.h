@@ -55,6 +55,8 @@ class ProcessGroupHOCCL : public c10d::Backend {
   // topology, where every pair goes in one phase).
   void setAllToAllScheduler(std::shared_ptr<const varipath::Scheduler> scheduler);
   std::string lastAlgorithm() const;
+  // How this rank saw its cores at its latest op (core_sharing.h): tests and diagnostics.
+  CoreSharing lastCoreSharing() const { return lastCoreSharing_.load(std::memory_order_relaxed); }
   // The phases the last all_to_all ran, its self-copy phase first (tests compare them).
   std::vector<TransferPhase> lastAllToAllPhases() const;
   // all_to_all split matrices planned so far, and those served from the plan cache.
@@ -236,6 +238,7 @@ class ProcessGroupHOCCL : public c10d::Backend {
   // the same descriptors, so all stage the next ops in the same rounds. Worker thread only.
   bool groupCoresShared_ = false;
   bool groupOtherWork_ = false;  // the same for the job's own compute (coresShared == 2): no yields
+  std::atomic<CoreSharing> lastCoreSharing_{CoreSharing::None};
   uint64_t monitoredBarriers_ = 0;  // calls so far: keys of each call are fresh
 
   std::mutex queueMutex_;

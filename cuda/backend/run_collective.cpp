@@ -46,6 +46,7 @@ static bool anyRankSawOtherWork(const ShmGroup& group, int size, uint32_t parity
 // as readily as its own (one scheduling group), so the group follows its most loaded rank.
 void ProcessGroupHOCCL::noteCoreSharing(Collective& c) {
   const CoreSharing sharing = coreSharingNow(config_.waitPolicy);
+  lastCoreSharing_.store(sharing, std::memory_order_relaxed);
   const bool otherWork = sharing == CoreSharing::WithOtherWork;
   const bool besideCompute = otherWork || (groupOtherWork_ && sharing != CoreSharing::None);
   const int64_t yieldUs = besideCompute ? config_.sharedYieldMicros : 1000;

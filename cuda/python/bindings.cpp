@@ -13,6 +13,7 @@
 #include "transport/shm/shared_tensor.h"
 #include "common/config.h"
 #include "backend/core_sharing.h"
+#include "backend/thread_scan.h"
 #include "backend/host_table.h"
 #include "backend/multihost/multihost_group.h"
 #include "varipath/scheduler.h"
@@ -34,6 +35,9 @@ PYBIND11_MODULE(_C, m) {
           [](hoccl::ProcessGroupHOCCL& pg, std::shared_ptr<hoccl::varipath::Scheduler> s) { pg.setAllToAllScheduler(std::move(s)); },
           py::arg("scheduler"), "the varipath Scheduler all_to_all plans with (None: no VarioPath)")
       .def("last_algorithm", &hoccl::ProcessGroupHOCCL::lastAlgorithm)
+      .def(
+          "last_core_sharing", [](const hoccl::ProcessGroupHOCCL& pg) { return hoccl::coreSharingName(pg.lastCoreSharing()); },
+          "how this rank saw its cores at its latest op: 'none', 'among_ranks' or 'with_other_work'")
       .def(
           "last_alltoall_phases",
           [](const hoccl::ProcessGroupHOCCL& pg) {
@@ -139,6 +143,35 @@ PYBIND11_MODULE(_C, m) {
         "ranks of this job on this host as hoccl sees them (LOCAL_WORLD_SIZE, the groups made so far)");
   m.def("runnable_threads_now", &hoccl::runnableThreadsNow,
         "runnable threads on the machine now (/proc/loadavg, this reader included); -1 if unreadable");
+  m.def("other_runnable_threads_in_process", [] { return hoccl::otherRunnableThreadsInProcess(); },
+        py::call_guard<py::gil_scoped_release>(),
+        "threads of this process other than the caller in state R now (/proc/self/task); -1 if unreadable");
+  m.def(
+      "decide_core_sharing",
+      [](int ranks, int cpus, bool loaded, bool ownCompute, bool tasksGrouped) {
+        return hoccl::coreSharingName(hoccl::decideCoreSharing({ranks, cpus, loaded, ownCompute, tasksGrouped}));
+      },
+      py::arg("ranks"), py::arg("cpus"), py::arg("loaded"), py::arg("own_compute"), py::arg("tasks_grouped"),
+      "the wait policy's decision from its inputs: 'none', 'among_ranks' or 'with_other_work'");
+  m.def("tasks_grouped", &hoccl::tasksGrouped,
+        "whether the scheduler groups tasks (autogroup, or a cpu cgroup other than the root)");
+  m.def(
+      "replay_compute_sampler",
+      [](const std::vector<std::pair<double, int>>& scans) {
+        // Each (milliseconds, runnable threads a scan would find): whether a scan was due then,
+        // and whether the sampler says compute runs after it.
+        hoccl::ComputeSampler sampler;
+        std::vector<std::pair<bool, bool>> out;
+        for (const auto& [ms, others] : scans) {
+          const auto now = hoccl::ComputeSampler::Clock::time_point{} +
+                           std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double, std::milli>(ms));
+          const bool due = sampler.due(now);
+          if (due) sampler.note(now, others, std::chrono::nanoseconds(0));
+          out.emplace_back(due, sampler.computing());
+        }
+        return out;
+      },
+      py::arg("scans"), "the compute sampler fed [(ms, runnable threads found)]: [(scanned, computing)]");
   m.def("host_identity", &hoccl::localHostIdentity,
         "this process's host identity (HOCCL_HOSTNAME, else hostname + boot, /dev/shm and namespaces)");
   bindCuda(m);
