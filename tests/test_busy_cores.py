@@ -254,27 +254,30 @@ def test_the_wait_policy_decides_from_ranks_per_cpu_load_and_the_job_s_compute(r
     assert _C.decide_core_sharing(ranks, cpus, loaded, compute, grouped) == expected
 
 
-def test_the_compute_sampler_holds_a_change_once_a_second_look_agrees():
+def test_the_compute_sampler_scans_when_cpu_time_says_the_answer_may_have_changed():
     from hoccl_backend import _C
 
-    # (ms, runnable threads a scan finds) -> (scanned, computing); scans are 10 ms apart, 1 ms
-    # after one that disagreed with the state.
+    # (ms, CPU us the other threads took since the previous step, runnable threads a scan
+    # finds) -> (scanned, computing).
     steps = [
-        (0, 1, True, False),    # first sight of compute: not yet
-        (0.5, 1, False, False),
-        (1, 1, True, True),     # confirmed a millisecond later
-        (5, 1, False, True),
-        (11, 0, True, True),    # nothing runnable: look again
-        (12, 1, True, True),    # a pause between products, not the end of the compute
-        (22, 0, True, True),
-        (23, 0, True, False),   # confirmed: compute stopped
-        (33, -1, True, False),  # an unreadable scan changes nothing
-        (43, 2, True, False),   # a lone thread finishing as the op started...
-        (44, 0, True, False),   # ...is gone a millisecond later
-        (50, 1, False, False),
+        (0, 0, 0, True, False),      # the first op scans; the next unprompted scan is 50 ms on
+        (1, 0, 0, False, False),
+        (2, 500, 1, True, False),    # other threads took half a core: scan; compute seen...
+        (3, 900, 1, True, True),     # ...and confirmed a millisecond later
+        (5, 800, 1, False, True),
+        (8, 0, 1, False, True),      # quiet for 3 ms: within a clock tick's lag
+        (10, 0, 1, True, True),      # quiet for 5 ms: scan; still runnable (a false prompt)...
+        (12, 0, 0, False, True),     # ...which mutes prompts for 10 ms
+        (21, 0, 0, True, True),      # quiet, prompts back: nothing runnable...
+        (22, 0, 0, True, False),     # ...confirmed: compute stopped
+        (23, 2000, 0, False, False),  # another backend's threads ran: a scan, 2 ms after the last
+        (24, 0, 0, True, False),     # nothing runnable at the op: a false prompt, muted 10 ms
+        (25, 3000, 0, False, False),
+        (35, 0, -1, False, False),
+        (74, 0, -1, True, False),    # 50 ms after the last full scan; unreadable changes nothing
     ]
-    got = _C.replay_compute_sampler([(ms, found) for ms, found, _, _ in steps])
-    assert got == [(scanned, computing) for _, _, scanned, computing in steps], got
+    got = _C.replay_compute_sampler([(ms, cpu, found) for ms, cpu, found, _, _ in steps])
+    assert got == [(scanned, computing) for *_, scanned, computing in steps], got
 
 
 def modes_around_compute(rank, world, cpu, ops):
@@ -297,7 +300,7 @@ def modes_around_compute(rank, world, cpu, ops):
         for _ in range(ops):
             dist.all_reduce(x)
             seen.append(backend.last_core_sharing())
-            time.sleep(0.002)  # scans are 10 ms apart: every phase spans several
+            time.sleep(0.002)  # every phase spans over 100 ms: unprompted scans come every 50
         return seen
 
     before = phase()

@@ -48,12 +48,14 @@ int localWorldSizeFromEnv() {
   return ranks;
 }
 
-// The scan's own cost: on a busy machine its wall time also counts the time it waited for a core.
-std::chrono::nanoseconds threadCpuTime() {
+std::chrono::nanoseconds cpuTime(clockid_t clock) {
   timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  clock_gettime(clock, &ts);
   return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
 }
+
+// The scan's own cost: on a busy machine its wall time also counts the time it waited for a core.
+std::chrono::nanoseconds threadCpuTime() { return cpuTime(CLOCK_THREAD_CPUTIME_ID); }
 
 // "0.52 0.58 0.59 3/467 12345": the fourth field's numerator.
 int parseRunnable(const char* text) {
@@ -130,18 +132,47 @@ const char* coreSharingName(CoreSharing sharing) {
   return "?";
 }
 
+namespace {
+using std::chrono::milliseconds;
+constexpr milliseconds kConfirmAfter{1};
+constexpr milliseconds kPromptedScanGap{2};  // after the last scan
+constexpr milliseconds kQuietBeforeStop{5};  // over a clock tick (1-4 ms), which lags a thread's CPU time
+constexpr milliseconds kMutedAfterFalsePrompt{10};
+constexpr milliseconds kScanInterval{50};
+constexpr milliseconds kScanIntervalMax{250};
+}  // namespace
+
+void ComputeSampler::noteOthersCpu(Clock::time_point now, std::chrono::nanoseconds cpu,
+                                   std::chrono::nanoseconds window) {
+  const bool othersRun = cpu * 20 > window;  // over 5 % of a core: more than torch's housekeeping
+  if (othersRun) othersLastBusy_ = now;
+  const bool mayHaveChanged = computing_ ? now - othersLastBusy_ >= kQuietBeforeStop : othersRun;
+  if (!mayHaveChanged || now < promptsFrom_) return;
+  const auto soonest = std::max(now, lastScan_ + kPromptedScanGap);
+  if (soonest < next_) {
+    next_ = soonest;
+    prompted_ = true;
+  }
+}
+
 void ComputeSampler::note(Clock::time_point now, int others, std::chrono::nanoseconds cost) {
+  lastScan_ = now;
   readable_ = others >= 0;
   const bool changed = readable_ && (others > 0) != computing_;
   if (changed && !changeSeen_) {
     changeSeen_ = true;
-    next_ = now + std::chrono::milliseconds(1);
+    next_ = now + kConfirmAfter;
     return;
   }
-  if (changed) computing_ = !computing_;
+  if (changed) {
+    computing_ = !computing_;
+    othersLastBusy_ = now;
+  } else if (prompted_) {
+    promptsFrom_ = now + kMutedAfterFalsePrompt;
+  }
+  prompted_ = false;
   changeSeen_ = false;
-  next_ = now + std::clamp<std::chrono::nanoseconds>(cost * 400, std::chrono::milliseconds(10),
-                                                     std::chrono::milliseconds(250));
+  next_ = now + std::clamp<std::chrono::nanoseconds>(cost * 400, kScanInterval, kScanIntervalMax);
 }
 
 // Load past the CPUs and the ranks makes a yield costly only where the scheduler does not group
@@ -153,6 +184,20 @@ CoreSharing decideCoreSharing(const CoreSharingSignals& s) {
   if (!s.loaded && s.ranks <= s.cpus) return CoreSharing::None;
   if (s.ownCompute || (s.loaded && !s.tasksGrouped)) return CoreSharing::WithOtherWork;
   return CoreSharing::AmongRanks;
+}
+
+// Each op thread reads over its own window: ops may run on the caller or on the worker.
+static void noteOthersCpu(ComputeSampler& sampler, std::chrono::steady_clock::time_point now) {
+  struct Reading {
+    std::chrono::steady_clock::time_point at{};
+    std::chrono::nanoseconds process{0}, self{0};
+  };
+  thread_local Reading last;
+  if (now - last.at < std::chrono::milliseconds(1)) return;
+  const Reading r{now, cpuTime(CLOCK_PROCESS_CPUTIME_ID), threadCpuTime()};
+  if (last.at != std::chrono::steady_clock::time_point{})
+    sampler.noteOthersCpu(now, (r.process - last.process) - (r.self - last.self), now - last.at);
+  last = r;
 }
 
 CoreSharing coreSharingNow(WaitPolicy policy) {
@@ -169,6 +214,7 @@ CoreSharing coreSharingNow(WaitPolicy policy) {
   const auto now = std::chrono::steady_clock::now();
   s.loaded = load.overloaded(now, std::max(onlineCpus(), s.ranks));
   if (decideCoreSharing(s) == CoreSharing::None) return CoreSharing::None;  // whatever computes: no scan
+  noteOthersCpu(compute, now);
   if (compute.due(now)) {
     const auto cpuBefore = threadCpuTime();
     const int others = otherRunnableThreadsInProcess(1);

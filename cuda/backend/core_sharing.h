@@ -54,14 +54,21 @@ class LoadSampler {
 // Whether the job's own compute runs beside this process's ops, from snapshots of its runnable
 // threads (otherRunnableThreadsInProcess, backend/thread_scan.h) rather than CPU time over a
 // window: another backend's turn that just ended, or compute that paused, does not hold it for
-// the next ops. A scan costs ~3 us a thread on a VM and a small op a few us, so scans are at
-// least 10 ms apart, more where the process has many threads (under 0.25 % of the time); a
-// change holds once a second look a millisecond later agrees (a thread that was still finishing
-// when the op started, such as another backend's last op, is no compute).
+// the next ops. A change holds once a second look a millisecond later agrees (a thread that was
+// still finishing when the op started, such as another backend's last op, is no compute).
+//
+// A scan costs ~3 us a thread on a VM and a small op a few us, so scans come when the CPU time
+// of the process's other threads (a clock read, ~1 us, at most every millisecond) says the
+// answer may have changed: their CPU while no compute was seen, or none for 5 ms while it was.
+// A scan so prompted that finds nothing new mutes the prompts for 10 ms (another backend's turn,
+// torch's own threads); without prompts, a scan every 50 ms, or 400 times its cost where threads
+// are many (under 0.25 % of the time).
 class ComputeSampler {
  public:
   using Clock = std::chrono::steady_clock;
   bool due(Clock::time_point now) const { return now >= next_; }
+  // CPU time the process's threads other than the caller took over the `window` up to now.
+  void noteOthersCpu(Clock::time_point now, std::chrono::nanoseconds cpu, std::chrono::nanoseconds window);
   // `others`: the scan's count (-1: unreadable); `cost`: the CPU time the scan took.
   void note(Clock::time_point now, int others, std::chrono::nanoseconds cost);
   bool computing() const { return computing_; }
@@ -69,6 +76,10 @@ class ComputeSampler {
 
  private:
   Clock::time_point next_{};
+  Clock::time_point lastScan_{};
+  Clock::time_point othersLastBusy_{};  // when the other threads' CPU last said they run
+  Clock::time_point promptsFrom_{};     // prompts before this are muted
+  bool prompted_ = false;               // next_ was brought forward by the CPU time
   bool computing_ = false;
   bool readable_ = true;
   bool changeSeen_ = false;  // the last scan disagreed with computing_: the next one confirms

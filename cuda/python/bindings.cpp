@@ -157,21 +157,30 @@ PYBIND11_MODULE(_C, m) {
         "whether the scheduler groups tasks (autogroup, or a cpu cgroup other than the root)");
   m.def(
       "replay_compute_sampler",
-      [](const std::vector<std::pair<double, int>>& scans) {
-        // Each (milliseconds, runnable threads a scan would find): whether a scan was due then,
-        // and whether the sampler says compute runs after it.
+      [](const std::vector<std::tuple<double, double, int>>& steps) {
+        // Each step: (milliseconds, CPU microseconds the other threads took since the previous
+        // step, runnable threads a scan would find); after it: (whether it scanned, computing).
+        using Clock = hoccl::ComputeSampler::Clock;
+        auto at = [](double ms) {
+          return Clock::time_point{} + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(ms));
+        };
         hoccl::ComputeSampler sampler;
         std::vector<std::pair<bool, bool>> out;
-        for (const auto& [ms, others] : scans) {
-          const auto now = hoccl::ComputeSampler::Clock::time_point{} +
-                           std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double, std::milli>(ms));
+        for (size_t i = 0; i < steps.size(); ++i) {
+          const auto [ms, othersUs, runnable] = steps[i];
+          const auto now = at(ms);
+          if (i > 0)
+            sampler.noteOthersCpu(now, std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double, std::micro>(othersUs)),
+                                  now - at(std::get<0>(steps[i - 1])));
           const bool due = sampler.due(now);
-          if (due) sampler.note(now, others, std::chrono::nanoseconds(0));
+          if (due) sampler.note(now, runnable, std::chrono::nanoseconds(0));
           out.emplace_back(due, sampler.computing());
         }
         return out;
       },
-      py::arg("scans"), "the compute sampler fed [(ms, runnable threads found)]: [(scanned, computing)]");
+      py::arg("steps"),
+      "the compute sampler fed [(ms, other threads' CPU us since the previous step, runnable threads a scan finds)]: "
+      "[(scanned, computing)]");
   m.def("host_identity", &hoccl::localHostIdentity,
         "this process's host identity (HOCCL_HOSTNAME, else hostname + boot, /dev/shm and namespaces)");
   bindCuda(m);
