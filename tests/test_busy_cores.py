@@ -262,19 +262,21 @@ def test_the_compute_sampler_scans_when_cpu_time_says_the_answer_may_have_change
     steps = [
         (0, 0, 0, True, False),      # the first op scans; the next unprompted scan is 50 ms on
         (1, 0, 0, False, False),
-        (2, 500, 1, True, False),    # other threads took half a core: scan; compute seen...
-        (3, 900, 1, True, True),     # ...and confirmed a millisecond later
+        (2, 500, 1, True, True),     # other threads took half a core: scan; compute counts at once...
+        (3, 900, 1, True, True),     # ...and is still there a millisecond later
         (5, 800, 1, False, True),
         (8, 0, 1, False, True),      # quiet for 3 ms: within a clock tick's lag
         (10, 0, 1, True, True),      # quiet for 5 ms: scan; still runnable (a false prompt)...
         (12, 0, 0, False, True),     # ...which mutes prompts for 10 ms
         (21, 0, 0, True, True),      # quiet, prompts back: nothing runnable...
-        (22, 0, 0, True, False),     # ...confirmed: compute stopped
+        (22, 0, 0, True, False),     # ...nor a millisecond later: compute stopped
         (23, 2000, 0, False, False),  # another backend's threads ran: a scan, 2 ms after the last
         (24, 0, 0, True, False),     # nothing runnable at the op: a false prompt, muted 10 ms
         (25, 3000, 0, False, False),
         (35, 0, -1, False, False),
         (74, 0, -1, True, False),    # 50 ms after the last full scan; unreadable changes nothing
+        (80, 1000, 1, True, True),   # a thread still finishing as the op starts counts...
+        (81, 0, 0, True, False),     # ...until it is gone a millisecond later
     ]
     got = _C.replay_compute_sampler([(ms, cpu, found) for ms, cpu, found, _, _ in steps])
     assert got == [(scanned, computing) for *_, scanned, computing in steps], got

@@ -54,8 +54,8 @@ class LoadSampler {
 // Whether the job's own compute runs beside this process's ops, from snapshots of its runnable
 // threads (otherRunnableThreadsInProcess, backend/thread_scan.h) rather than CPU time over a
 // window: another backend's turn that just ended, or compute that paused, does not hold it for
-// the next ops. A change holds once a second look a millisecond later agrees (a thread that was
-// still finishing when the op started, such as another backend's last op, is no compute).
+// the next ops. Compute counts from its first sighting and stops counting once two scans a
+// millisecond apart found none (note() says why).
 //
 // A scan costs ~3 us a thread on a VM and a small op a few us, so scans come when the CPU time
 // of the process's other threads (a clock read, ~1 us, at most every millisecond) says the
@@ -82,7 +82,7 @@ class ComputeSampler {
   bool prompted_ = false;               // next_ was brought forward by the CPU time
   bool computing_ = false;
   bool readable_ = true;
-  bool changeSeen_ = false;  // the last scan disagreed with computing_: the next one confirms
+  bool lookAgain_ = false;  // the last scan changed computing_ or doubted it: the next one settles it
 };
 
 // "none", "among_ranks", "with_other_work".
