@@ -58,7 +58,7 @@ const std::vector<Variable> kTable = {
      "threads (/proc/loadavg, sampled every 50 ms); busy or idle force it. Shared cores: no spin, a short "
      "yield, all_reduce staged in one round (a group agrees from its next op)"},
     {"HOCCL_SHARED_YIELD_US", K::Integer, R::Core, "0", "",
-     "while other work shares the cores, microseconds a waiter yields before it sleeps on a futex (1000 "
+     "while the job's own compute shares the cores, microseconds a waiter yields before it sleeps on a futex (1000 "
      "while only ranks share them, or none)"},
     {"HOCCL_SHARED_SLICE_US", K::Integer, R::Core, "100", "",
      "while cores are shared, the scheduler time slice (Linux 6.12+ sched_setattr) a waiter asks for while it "
