@@ -12,6 +12,10 @@ import pytest
 from hoccl_backend.testbed.hosts import Hosts, leftovers, wait_for_files
 
 SLOTS = {"HOCCL_SHM_SLOT_BYTES": "64K"}  # staging slots the large sizes overflow
+# check_auto_form checks the cost model's choice at two extremes, which hold for any link rate
+# but not for any per-message cost: a loaded machine can measure milliseconds. Pin that one; the
+# link rate is still measured.
+AUTO_COSTS = {"HOCCL_NET_MESSAGE_US": "250"}
 
 
 def every_op_default_group(rank, world):
@@ -81,7 +85,7 @@ PATHS = ["legs", "plans"]
                          ids=["2x2", "3hosts-2-1-2", "2x1-unchecked"])
 def test_every_op_across_hosts(ranks, check, path):
     with Hosts(count=len(ranks), ranks=ranks) as hosts:
-        env = dict(SLOTS, HOCCL_CHECK_ACROSS_HOSTS=check, HOCCL_MULTIHOST_PATH=path)
+        env = dict(SLOTS, **AUTO_COSTS, HOCCL_CHECK_ACROSS_HOSTS=check, HOCCL_MULTIHOST_PATH=path)
         results = hosts.run_ranks(every_op_default_group, backend="hoccl", pg_timeout=60, env=env, timeout=400)
         expected_hosts = [list(hosts.ranks_of(h)) for h in range(hosts.count)]
         for rank, counts in enumerate(results):
@@ -97,11 +101,50 @@ def test_every_op_across_hosts(ranks, check, path):
 def test_every_op_interleaved_placement(path):
     with Hosts(count=2, ranks=[2, 2]) as hosts:
         results = hosts.run_ranks(every_op_interleaved, backend="hoccl", pg_timeout=60,
-                                  env=dict(SLOTS, HOCCL_MULTIHOST_PATH=path), timeout=400)
+                                  env=dict(SLOTS, **AUTO_COSTS, HOCCL_MULTIHOST_PATH=path), timeout=400)
         for rank, (group_rank, counts) in enumerate(results):
             assert counts["hosts"] == [[0, 2], [1, 3]], f"rank {rank}: {counts['hosts']}"
         print(f"{hosts.describe()}: interleaved placement, every op checked")
         _check_clean(hosts)
+
+
+def _costs_lines(job, count):
+    import re
+
+    lines = [l for h in range(count) for l in job.log(h).splitlines() if "costs across hosts" in l]
+    pattern = r"\[hoccl rank (\d+)\] costs across hosts: message (\d+) us \((\S+)\), link ([\d.]+) GB/s \((\S+)\)"
+    return {int(m[1]): (int(m[2]), m[3], float(m[4]), m[5]) for m in (re.search(pattern, l) for l in lines) if m}
+
+
+def test_costs_across_hosts_are_measured_at_creation_and_agree():
+    """The per-message cost and link rate VarioPath weighs all_to_all's forms by: measured once
+    (rank 0 with a rank of the other host), the same bytes on every rank; a setting replaces its
+    measurement. The link is shaped to 1 Gbit/s, so the measured rate must sit near 0.125 GB/s."""
+    with Hosts(count=2, ranks=[2, 2], link_gbit=1) as hosts:
+        job = hosts.start(every_op_rank_count, backend="hoccl", pg_timeout=60, env={"HOCCL_DEBUG": "INFO"})
+        assert job.wait(timeout=120) == [4] * 4
+        costs = _costs_lines(job, hosts.count)
+        assert sorted(costs) == [0, 1, 2, 3], costs
+        assert len(set(costs.values())) == 1, f"ranks disagree: {costs}"
+        message, how_m, link, how_l = costs[0]
+        assert how_m == how_l == "measured"
+        assert 0 <= message < 1_000_000 and 0.05 < link < 0.3, costs[0]
+
+        job = hosts.start(every_op_rank_count, backend="hoccl", pg_timeout=60,
+                          env={"HOCCL_DEBUG": "INFO", "HOCCL_NET_MESSAGE_US": "321", "HOCCL_NET_LINK_MBIT": "8000"})
+        assert job.wait(timeout=120) == [4] * 4
+        costs = _costs_lines(job, hosts.count)
+        assert set(costs.values()) == {(321, "HOCCL_NET_MESSAGE_US", 1.0, "HOCCL_NET_LINK_MBIT")}, costs
+        _check_clean(hosts)
+
+
+def every_op_rank_count(rank, world):
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(8)
+    dist.all_reduce(t)
+    return int(t[0])
 
 
 def test_ddp_and_fsdp2_across_hosts_match_gloo():

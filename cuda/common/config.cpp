@@ -92,6 +92,12 @@ const std::vector<Variable> kTable = {
      "across hosts: legs (separate host and inter-host collectives) or plans (all_reduce, reduce, "
      "all_gather, reduce_scatter, broadcast and barrier as one plan across hosts, its network steps on "
      "the inter-host engine; other ops stay legs); plans become the default once they are as fast"},
+    {"HOCCL_NET_MESSAGE_US", K::Integer, R::Core, "auto", "",
+     "across hosts, the network engine's cost per message that all_to_all's cost model uses; auto: measured "
+     "when the group is created (the median of eight round trips of an 8-byte message)"},
+    {"HOCCL_NET_LINK_MBIT", K::Integer, R::Core, "auto", "",
+     "across hosts, one host link's rate each way in Mbit/s that all_to_all's cost model uses; auto: measured "
+     "when the group is created (one 4 MiB message beyond a round trip)"},
     {"HOCCL_MULTIHOST_ALLTOALL", K::Choice, R::Core, "auto", "auto,direct,rail",
      "across hosts, the form of all_to_all: auto (a cost model picks per call from the split matrix), direct "
      "(every cross-host block point to point) or rail (blocks gathered per rail inside each host, one "

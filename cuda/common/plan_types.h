@@ -106,8 +106,13 @@ struct Plan {
 };
 
 // What crossing hosts costs: the network engine's cost per message at the rank that sends or
-// receives it, one host link's rate each way, and one rank's copy rate inside its host. VarioPath
-// weighs all_to_all's forms across hosts by them (varipath/across_hosts.h).
+// receives it, one host link's rate each way, and the rate at which a rank's host legs move the
+// bytes a relay packs and unpacks. VarioPath weighs all_to_all's forms across hosts by them
+// (varipath/across_hosts.h). A group spanning hosts measures the first two when it is created
+// (backend/multihost/net_costs.h); the defaults here serve plans built without a group. The
+// host legs' rate is not a memcpy rate: it carries the staging copies in and out on both hosts
+// and their barriers, on cores the ranks share (1 GB/s fits the 2-core VM's relay, where memcpy
+// runs at ~10 GB/s).
 struct NetCosts {
   double messageSec = 250e-6;
   double linkBytesPerSec = 0.5e9;

@@ -1,7 +1,11 @@
 #include "backend/multihost/multihost_group.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <sstream>
+
+#include "backend/multihost/net_costs.h"
+#include "common/config.h"
 
 namespace hoccl {
 
@@ -44,6 +48,9 @@ MultiHostGroup::MultiHostGroup(int rank, int size, std::chrono::milliseconds tim
   net_ = std::make_unique<GlooNetTransport>(framed_, size, [this](int peer) {
     return "rank " + std::to_string(peer) + " on " + layout_.describeHost(layout_.hostOf(peer));
   });
+  netCosts_ = agreeNetCosts(*groups_.global, layout_, rank);
+  if (config::text("HOCCL_DEBUG") != "off")
+    std::fprintf(stderr, "[hoccl rank %d] costs across hosts: %s\n", rank, describeNetCosts(netCosts_).c_str());
   joinHostGroup();
   worker_ = std::thread([this] { workerLoop(); });
 }
