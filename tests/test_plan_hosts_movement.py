@@ -90,6 +90,9 @@ def inputs_for(kind, world, n, root, case):
 # Elements per rank: around one staging round of a 64-byte slot (16 floats) and its parts, and
 # around the 24-byte message chunk (6 floats).
 SIZES = [0, 1, 5, 6, 7, 15, 16, 17, 35]
+# A message that costs nothing: all_gather's rail form whatever the size (host first trades
+# bytes across hosts for messages' cost, test_all_gather_host_first below).
+FREE_MESSAGES = (0.0, 0.5e9, 1e9)
 
 
 @pytest.mark.parametrize("layout", list(ACROSS), ids=list(ACROSS))
@@ -106,7 +109,8 @@ def test_movement_across_hosts(kind, layout):
             root = roots[i % len(roots)]
             i += 1
             inputs = inputs_for(kind, world, n, root, 100 + n)
-            req = dict(bytes=n * 4, elem_size=4, slot_bytes=SLOT, root=root, net_chunk_bytes=chunk)
+            req = dict(bytes=n * 4, elem_size=4, slot_bytes=SLOT, root=root, net_chunk_bytes=chunk,
+                       net_costs=FREE_MESSAGES)
             what = f"{kind} {layout} n={n} chunk={chunk} root={root}"
             plans = simulate(kind, host_of, inputs, req, what=what)
             assert {p["algo"] for p in plans} == {NAMED[kind]}, what
@@ -115,6 +119,48 @@ def test_movement_across_hosts(kind, layout):
                 assert not any(s["kind"] in ("send", "recv") for p in plans for s in p["steps"]), what
             if chunk:  # no message is larger than the chunk
                 assert all(s["bytes"] <= chunk for p in plans for s in p["steps"] if s["kind"] == "send"), what
+
+
+def host_first_bytes(host_of, nbytes) -> int:
+    """all_gather host first: every rank receives every block of the other hosts once."""
+    return sum(sum(h != mine for h in host_of) for mine in host_of) * nbytes
+
+
+@pytest.mark.parametrize("layout", list(ACROSS), ids=list(ACROSS))
+def test_all_gather_host_first(layout):
+    """Small blocks (their extra bytes across hosts cost under a tenth of one message): buildPlan
+    gathers each host's blocks first, then sends them in one message to each rank it stands for;
+    no host barrier after the network hop. Larger blocks, or free messages: the rail form."""
+    host_of = ACROSS[layout]
+    world, most = len(host_of), max(host_of.count(h) for h in set(host_of))
+    message_sec, link = 100e-6, 1e9  # host first while (most - 1) x bytes x (hosts - 1) < 10 KB
+    hosts = max(host_of) + 1
+    for n in (1, 5, 16, 17, 35):
+        for slot in (SLOT, 4096):
+            inputs = inputs_for("all_gather", world, n, 0, 600 + n)
+            req = dict(bytes=n * 4, elem_size=4, slot_bytes=slot, net_costs=(message_sec, link, 1e9))
+            what = f"all_gather host first {layout} n={n} slot={slot}"
+            plans = simulate("all_gather", host_of, inputs, req, what=what)
+            assert {p["algo"] for p in plans} == {"allgather/hosts-first"}, what
+            assert sent(plans) == received(plans) == host_first_bytes(host_of, n * 4), what
+            for r, p in enumerate(plans):
+                kinds = [s["kind"] for s in p["steps"]]
+                first_wait = kinds.index("wait") if "wait" in kinds else len(kinds)
+                assert "barrier" not in kinds[first_wait:], f"{what}: rank {r} has a barrier after the network"
+                ranks_of = {h: [q for q in range(world) if host_of[q] == h] for h in set(host_of)}
+                local = {q: ranks_of[host_of[q]].index(q) for q in range(world)}
+                mine = ranks_of[host_of[r]]
+                served = [q for q in range(world) if host_of[q] != host_of[r] and mine[local[q] % len(mine)] == r]
+                assert kinds.count("send") == len(served), f"{what}: rank {r} sends {kinds.count('send')}"
+                assert kinds.count("recv") == hosts - 1, f"{what}: rank {r}: one message per other host"
+            simulate("all_gather", host_of, inputs, req, order="random", seed=n, what=what + " random")
+    # The rule's edge: the first size whose extra bytes reach a tenth of one message goes rail.
+    if most > 1:
+        edge = int(0.1 * message_sec * link / ((most - 1) * (hosts - 1)))
+        for nbytes, algo in ((edge - 4, "allgather/hosts-first"), (edge + 4, "allgather/hosts")):
+            req = dict(kind="all_gather", world=world, host_of=host_of, bytes=nbytes // 4 * 4, elem_size=4,
+                       slot_bytes=SLOT, net_costs=(message_sec, link, 1e9))
+            assert {p["algo"] for p in build_plans(req)} == {algo}, f"{layout} {nbytes} bytes"
 
 
 @pytest.mark.parametrize("kind", MOVES)

@@ -34,6 +34,7 @@ void ProcessGroupHOCCL::runAcrossHosts(Collective& c) {
   c.req.hostOf = hosts.hostOf;
   c.req.leaderMaxBytes = hosts.leaderMaxBytes;
   c.req.netChunkBytes = hosts.netChunkBytes;
+  c.req.netCosts = hosts.netCosts;
   // Peer reads stay inside a host; the builders across hosts stage through slots.
   c.req.crossMemory = false;
   // Every input of the plan must be the same on every host: the staging rounds of one host's
@@ -60,7 +61,6 @@ void ProcessGroupHOCCL::runAcrossHosts(const HostsOp& op, int64_t netTag) {
     c.req.bytes = op.bytes;
     c.req.phases = op.phases;
     c.req.allToAllForm = op.allToAllForm;
-    c.req.netCosts = op.netCosts;
     c.ctx.in = op.in;
     c.ctx.out = op.out;
     c.ctx.dtype = op.dtype;

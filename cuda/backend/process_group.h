@@ -76,6 +76,7 @@ class ProcessGroupHOCCL : public c10d::Backend {
     NetTransport* net = nullptr;
     int64_t leaderMaxBytes = 0;
     int64_t netChunkBytes = 0;
+    NetCosts netCosts;             // what crossing hosts costs (measured when the group was created)
   };
   void joinHosts(HostsContext hosts);
   // One collective of the whole group, synchronously on the caller's thread, over raw blocks the
@@ -94,7 +95,6 @@ class ProcessGroupHOCCL : public c10d::Backend {
     double factor = 1.0;
     std::vector<TransferPhase> phases;  // all_to_all: every pair's bytes
     AllToAllHostsForm allToAllForm = AllToAllHostsForm::Auto;
-    NetCosts netCosts;
   };
   void runAcrossHosts(const HostsOp& op, int64_t netTag);
   void allreduceAcrossHosts(const at::Tensor& tensor, RedOp op, double factor, int64_t netTag);

@@ -8,6 +8,14 @@
 // while later chunks still cross. Every block crosses each host boundary once: (H-1) x bytes per
 // rank, the hierarchical minimum.
 //
+// hosts-first (small blocks): the ranks of a host hand each other their blocks through their
+// slots (one host barrier), then each rank sends its host's blocks, packed in one message, to the
+// ranks of other hosts it stands for (HostView::railPeer), which unpack them. One network hop and
+// no host barrier after it, where the rail form waits for the hop, then stages what arrived for
+// the rest of the host (a barrier whose ranks the network left out of step). A remote block then
+// crosses to every rank of a host, not once per host: (L - 1) x more bytes across hosts, which
+// allGatherGoesHostFirst allows only while they cost little against one message.
+//
 // gather: only the root's outputs are written. Every rank of another host sends its block
 // straight into the root's output for it (each block crosses once, into the root's host); the
 // root's host peers stage theirs through their slots for the root.
@@ -44,10 +52,86 @@ Plan planGatherHosts(const PlanRequest& req) {
   return p;
 }
 
+// Each rank of host h hands its own block to the other ranks of h.
+std::vector<SharedPiece> ownBlocks(const HostView& hv, int h) {
+  std::vector<SharedPiece> pieces;
+  for (int q : hv.ranksOf[h]) {
+    std::vector<std::pair<int, Loc>> others;
+    for (int t : hv.ranksOf[h])
+      if (t != q) others.push_back({t, Loc::out(q, 0)});
+    pieces.push_back({q, Loc::in(0, 0), others});
+  }
+  return pieces;
+}
+
 }  // namespace
+
+Plan planAllGatherHostFirst(const PlanRequest& req) {
+  Plan p;
+  p.algo = "allgather/hosts-first";
+  const HostView hv(req);
+  const int me = req.rank, host = hv.host(me);
+  const int64_t n = req.bytes;
+  // From each other host, the rank that stands for me there: that host's blocks in rank order.
+  struct Arrival {
+    int host;
+    int64_t at;
+    int transfer;
+  };
+  std::vector<Arrival> arrivals;
+  if (n > 0) {
+    for (int h = 0; h < hv.hosts(); ++h) {
+      if (h == host) continue;
+      const int64_t bytes = hv.localSize(h) * n;
+      const int64_t at = p.reserveScratch(bytes);
+      arrivals.push_back({h, at, p.recv(hv.railPeer(h, hv.localIndex[me]), Loc::scratch(at), bytes)});
+    }
+    p.steps.push_back(Step::copy(Loc::out(me, 0), Loc::in(0, 0), n));
+  }
+  shareThroughSlots(p, req, ownBlocks(hv, host), n, nullptr);
+  std::vector<int> sends;
+  std::vector<int> served;
+  for (int r = 0; r < req.world; ++r)
+    if (hv.host(r) != host && hv.railPeer(host, hv.localIndex[r]) == me) served.push_back(r);
+  if (n > 0 && !served.empty()) {
+    const std::vector<int>& local = hv.ranksOf[host];
+    const int64_t packed = p.reserveScratch(static_cast<int64_t>(local.size()) * n);
+    for (size_t i = 0; i < local.size(); ++i)
+      p.steps.push_back(Step::copy(Loc::scratch(packed + static_cast<int64_t>(i) * n), Loc::out(local[i], 0), n));
+    for (int r : served) sends.push_back(p.send(r, Loc::scratch(packed), static_cast<int64_t>(local.size()) * n));
+  }
+  for (const Arrival& a : arrivals) {
+    p.wait(a.transfer);
+    int64_t off = a.at;
+    for (int q : hv.ranksOf[a.host]) {
+      p.steps.push_back(Step::copy(Loc::out(q, 0), Loc::scratch(off), n));
+      off += n;
+    }
+  }
+  p.waitAll(sends);
+  ensureHostBarrier(p);
+  agreeOnBuffers(p, mostSlotRounds(req, hv, n, [&](int h) { return ownBlocks(hv, h); }));
+  return p;
+}
+
+// Host first while the bytes it adds across hosts ((L - 1) x the rail form's, L the most ranks
+// on a host) take less than a tenth of one message's cost on the link: below that the rail form's
+// barrier after the network costs more than the bytes host first adds. Costs and layout are the
+// same on every rank, so every rank picks the same form.
+bool allGatherGoesHostFirst(const PlanRequest& req) {
+  const HostView hv(req);
+  int most = 0;
+  for (int h = 0; h < hv.hosts(); ++h) most = std::max(most, hv.localSize(h));
+  const double extra = static_cast<double>(most - 1) * static_cast<double>(req.bytes) * (hv.hosts() - 1);
+  return extra < 0.1 * req.netCosts.messageSec * req.netCosts.linkBytesPerSec;
+}
 
 Plan planAllGatherHosts(const PlanRequest& req, bool onlyRoot) {
   if (onlyRoot) return planGatherHosts(req);
+  return allGatherGoesHostFirst(req) ? planAllGatherHostFirst(req) : planAllGatherRail(req);
+}
+
+Plan planAllGatherRail(const PlanRequest& req) {
   Plan p;
   p.algo = "allgather/hosts";
   const HostView hv(req);

@@ -49,6 +49,11 @@ Plan planBarrierAcrossHosts(const PlanRequest& req);
 // Data movement across hosts (req.hostOf names several hosts; Slot and peer steps stay on a
 // host, Send/Recv cross): plan/allgather_hosts.cpp, broadcast_hosts.cpp, alltoall_hosts.cpp.
 Plan planAllGatherHosts(const PlanRequest& req, bool onlyRoot);  // gather = only the root's outputs
+// all_gather's two forms: blocks cross once per host and are handed on inside it (rail), or
+// the host's blocks are gathered first and cross to every rank (host first: small blocks).
+bool allGatherGoesHostFirst(const PlanRequest& req);
+Plan planAllGatherRail(const PlanRequest& req);
+Plan planAllGatherHostFirst(const PlanRequest& req);
 Plan planBroadcastHosts(const PlanRequest& req);
 Plan planScatterHosts(const PlanRequest& req);
 // all_to_all across hosts; req.phases lists every pair's bytes (all phases concatenated).

@@ -195,7 +195,8 @@ void bindPlans(py::module& m) {
       "build_named_plan",
       [](const std::string& builder, const py::dict& request) {
         static const std::map<std::string, Plan (*)(const PlanRequest&)> builders = {
-            {"allgather/hosts", [](const PlanRequest& r) { return hoccl::planAllGatherHosts(r, false); }},
+            {"allgather/hosts", hoccl::planAllGatherRail},
+            {"allgather/hosts-first", hoccl::planAllGatherHostFirst},
             {"gather/hosts", [](const PlanRequest& r) { return hoccl::planAllGatherHosts(r, true); }},
             {"broadcast/hosts", hoccl::planBroadcastHosts},
             {"scatter/hosts", hoccl::planScatterHosts},
@@ -207,7 +208,7 @@ void bindPlans(py::module& m) {
       },
       py::arg("builder"), py::arg("request"),
       "build_plan(request) through the named builder (the builders across hosts: 'allgather/hosts', "
-      "'gather/hosts', 'broadcast/hosts', 'scatter/hosts', 'alltoall/hosts-direct', 'alltoall/hosts-rail'), also "
+      "'allgather/hosts-first', 'gather/hosts', 'broadcast/hosts', 'scatter/hosts', 'alltoall/hosts-direct', 'alltoall/hosts-rail'), also "
       "where buildPlan would choose another (one host, or rail)");
   m.def(
       "describe_plan_request", [](const py::dict& request) { return hoccl::buildPlan(requestFrom(request)).describe(); },

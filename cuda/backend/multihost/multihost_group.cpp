@@ -70,6 +70,7 @@ void MultiHostGroup::joinHostGroup() {
   // small against a 4 Gbit/s link's 2 ms per MiB, small enough that the host stages the next
   // chunk while one crosses (the legs' pipelines used the same floor).
   hosts.netChunkBytes = 1 << 20;
+  hosts.netCosts = netCosts_;
   groups_.local->joinHosts(std::move(hosts));
 }
 

@@ -53,7 +53,6 @@ void MultiHostGroup::alltoallPlanned(const std::vector<at::Tensor>& ins, const s
   for (int64_t b : m.bytes) o.bytes += b;
   o.bytes /= size_;
   o.allToAllForm = alltoallChoice_;
-  o.netCosts = netCosts_;
   planned(op, [&](ProcessGroupHOCCL& host, int64_t tag) { host.runAcrossHosts(o, tag); });
   setAlgorithm(groups_.local->lastAlgorithm() == "alltoall/hosts-rail" ? "multihost_rail" : "multihost_direct");
 }
