@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from collective_checks import assert_close, make_input
-from plan_simulator import Simulator, build_plans, expected_outputs, run_layout
+from plan_simulator import Simulator, build_plans, expected_outputs, make_blocks, run_layout
 
 LAYOUTS = {
     "1host": [0, 0, 0],
@@ -244,3 +244,41 @@ def test_ops_without_a_builder_across_hosts_throw():
                            "slot_bytes": SLOT})
         except Exception as e:  # noqa: BLE001 - the message is what matters
             assert "no plan across hosts" in str(e), str(e)
+
+
+def net_steps(plan):
+    return [(s["kind"], s["peer"], s["bytes"]) for s in plan["steps"] if s["kind"] in ("send", "recv")]
+
+
+@pytest.mark.parametrize("layout", sorted(EVEN))
+def test_all_reduce_rails_reading_peers_directly(layout):
+    """Large all_reduce on rails where a host's ranks read each other's buffers (host_reads_peers):
+    owners reduce their shares from the host's inputs in place and the host copies each share from
+    its owner's output; nothing is staged. Same results and bits on every rank, and the same
+    messages as the staged plan, so hosts may choose differently: one host direct, the others
+    staged, in the same run."""
+    host_of = LAYOUTS[layout]
+    W = len(host_of)
+    for case, (dtype, op, n) in enumerate(cases(host_of, "all_reduce")):
+        if n < local_size(host_of):
+            continue
+        inputs = inputs_for("all_reduce", host_of, dtype, op, n, case)
+        net = 0 if case % 3 else 2 * elem(dtype)
+        base = request("all_reduce", "rails", elem_size=elem(dtype), bytes=n * elem(dtype), net_chunk_bytes=net,
+                       world=W, host_of=host_of)
+        direct = build_plans(dict(base, host_reads_peers=True, cross_memory_min_bytes=0))
+        staged = build_plans(base)
+        what = f"all_reduce direct {layout} {dtype} {op} n={n} net={net}"
+        for r in range(W):
+            assert net_steps(direct[r]) == net_steps(staged[r]), f"{what}: rank {r}'s messages differ"
+            assert direct[r]["buffers_used"] == staged[r]["buffers_used"], what
+            locs = [l for s in direct[r]["steps"] for l in [s.get("src"), s.get("dst"), *s.get("srcs", [])] if l]
+            assert not any(l["space"] == "slot" for l in locs), f"{what}: rank {r} stages"
+        mixed = [direct[r] if host_of[r] == 0 else staged[r] for r in range(W)]
+        for plans, how in ((direct, "every host direct"), (mixed, "host 0 direct")):
+            ins, outs = make_blocks("all_reduce", W, inputs)
+            Simulator(W, SLOT, host_of).run(plans, ins, outs, dtype=dtype, op=op,
+                                           order="random" if case % 2 else "round_robin", seed=case)
+            check("all_reduce", outs, inputs, op, 0, f"{what} {how}", dtype)
+            for r in range(1, W):
+                assert torch.equal(outs[r][0].view(torch.uint8), outs[0][0].view(torch.uint8)), f"{what} {how}: rank {r}"

@@ -35,8 +35,10 @@ void ProcessGroupHOCCL::runAcrossHosts(Collective& c) {
   c.req.leaderMaxBytes = hosts.leaderMaxBytes;
   c.req.netChunkBytes = hosts.netChunkBytes;
   c.req.netCosts = hosts.netCosts;
-  // Peer reads stay inside a host; the builders across hosts stage through slots.
+  // The single-host choice of direct-read plans does not apply across hosts: a builder there
+  // reads peers only where it says so (all_reduce's rails, hostReadsPeers).
   c.req.crossMemory = false;
+  c.req.hostReadsPeers = group_->crossMemory();
   // Every input of the plan must be the same on every host: the staging rounds of one host's
   // ranks follow their view of the cores, which other hosts do not share, so plans across hosts
   // take the whole slot (the message sizes follow from it).
@@ -48,7 +50,9 @@ void ProcessGroupHOCCL::runAcrossHosts(Collective& c) {
                                ": the group was aborted: " + group_->abortMessage());
   };
   c.ctx.validate = [&](uint32_t p) { validateDescriptors(c, p); };
-  runPlan(c, hostPlanFor(c.req));
+  std::shared_ptr<const Plan> plan = hostPlanFor(c.req);
+  promoteReusedBuffers(c, plan->readsPeers());
+  runPlan(c, plan);
 }
 
 void ProcessGroupHOCCL::runAcrossHosts(const HostsOp& op, int64_t netTag) {

@@ -162,7 +162,7 @@ class ProcessGroupHOCCL : public c10d::Backend {
   void runAllToAll(Collective& c);
   std::shared_ptr<const Plan> allToAllPlan(Collective& c, const std::vector<int64_t>& matrix, bool published);
   bool everySplitIs(uint32_t parity, int64_t bytes) const;
-  void promoteReusedBuffers(const Collective& c);
+  void promoteReusedBuffers(const Collective& c, bool peersRead);
   // Also records whether any rank saw shared cores (groupCoresShared_), read from the same table.
   void validateDescriptors(const Collective& c, uint32_t parity);
   bool anyRankSawSharedCores(uint32_t parity) const;

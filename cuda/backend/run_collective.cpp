@@ -155,8 +155,8 @@ bool ProcessGroupHOCCL::everyRankShared(uint32_t parity, int64_t bytes) const {
 // process_vm_readv go on huge pages when their range comes back (huge_pages.h). Only plans that
 // read peers directly pin pages (the planner's own test decides); shared tensors are mapped, not
 // pinned, and are left alone.
-void ProcessGroupHOCCL::promoteReusedBuffers(const Collective& c) {
-  if (config_.hugePageMinBytes <= 0 || !readsPeersDirectly(c.req)) return;
+void ProcessGroupHOCCL::promoteReusedBuffers(const Collective& c, bool peersRead) {
+  if (config_.hugePageMinBytes <= 0 || !peersRead) return;
   std::vector<std::pair<const char*, size_t>> spans;
   for (size_t i = 0; i < c.ctx.in.size(); ++i) {
     if (!c.ctx.in[i] || (c.req.kind == OpKind::AllToAll && static_cast<int>(i) == rank_)) continue;
@@ -215,7 +215,7 @@ void ProcessGroupHOCCL::runCollective(Collective& c) {
     runAcrossHosts(c);  // across_hosts.cpp
     return;
   }
-  promoteReusedBuffers(c);
+  promoteReusedBuffers(c, readsPeersDirectly(c.req));
 
   if (c.req.kind == OpKind::AllToAll) {
     runAllToAll(c);  // alltoall.cpp

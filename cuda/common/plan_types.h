@@ -152,6 +152,10 @@ struct PlanRequest {
   int64_t leaderMaxBytes = 0;
   // Across hosts: the largest message a pipelined builder sends at once (0: no limit).
   int64_t netChunkBytes = 0;
+  // Across hosts: the ranks of this rank's host read each other's buffers directly (crossMemory
+  // for them). The one input that may differ between hosts: builders let it change only steps
+  // inside a host, never a message, a staging round count or a chunk size.
+  bool hostReadsPeers = false;
   // Across hosts, all_to_all: the costs VarioPath chooses the form by, unless one is forced.
   NetCosts netCosts;
   AllToAllHostsForm allToAllForm = AllToAllHostsForm::Auto;

@@ -22,6 +22,15 @@
 // flight while the host works on chunk j+1, and there is one host barrier per chunk (two more at
 // the end; one in all on a host with one rank).
 //
+// Direct reads (large payloads, when the host's ranks can read each other's buffers; rails, not
+// rooted): nothing is staged. The owner of a share reduces it from its host's inputs in place
+// (cross-memory reads), writes the final value into its own output (no other rank reads that
+// range of its input), and the host's ranks copy each share from its owner's output. Chunking,
+// messages and slot cursor are those of the staged plan, so hosts may differ in this choice.
+// Input ranges of chunk j are read before B_(j+1) and overwritten by copy-out after B_(j+2); an
+// owner's output is read after B_(j+2) and written before it; a last host barrier keeps every
+// output in place until its readers are done.
+//
 // Staging buffers (slots) are double-buffered by chunk parity. A slot holds one region per share
 // (region m at m x regionBytes); rank l stages into every region but its own share's and writes
 // the final value of its share into its own region, so staging chunk j+1 and finishing chunk j-1
@@ -61,6 +70,8 @@ class HostsReduction {
     owners_ = rails ? hv_.localSize(0) : 1;
     rsag_ = rails && !rooted && H_ > 2;
     rootHost_ = rooted ? hv_.host(req.root) : -1;
+    direct_ = rails && !rooted && hv_.localSize(host_) > 1 && req.hostReadsPeers &&
+              req.bytes >= req.crossMemoryMinBytes;
     // Regions of at most netChunkBytes (the largest message), owners_ of them in a slot.
     int64_t regionElems = req.slotBytes / owners_ / es_;
     if (req.netChunkBytes > 0) regionElems = std::min(regionElems, req.netChunkBytes / es_);
@@ -113,6 +124,7 @@ class HostsReduction {
       p_.steps.push_back(Step::barrier(Scope::Host));
       copyOut(K - 1);
     }
+    if (direct_) p_.steps.push_back(Step::barrier(Scope::Host));
     return std::move(p_);
   }
 
@@ -139,7 +151,7 @@ class HostsReduction {
 
   // My contribution to share m of chunk j, where the host's reduction reads it.
   void stage(int j) {
-    if (L_ == 1) return;
+    if (L_ == 1 || direct_) return;
     for (int m = 0; m < owners_; ++m) {
       if (ownerLocal(host_, m) == local_) continue;
       auto [lo, hi] = share(j, m);
@@ -158,7 +170,7 @@ class HostsReduction {
   // Where the final value of my share of chunk j goes.
   Loc resultLoc(int j, int64_t extraElems) const {
     auto [lo, hi] = share(j, myShare_);
-    const bool toOut = rooted_ ? me_ == req_.root : L_ == 1;
+    const bool toOut = rooted_ ? me_ == req_.root : L_ == 1 || direct_;
     if (toOut) return Loc::out(0, inOff(j, lo + extraElems));
     return Loc::slot(me_, j, regionOff(myShare_) + extraElems * es_);
   }
@@ -171,7 +183,9 @@ class HostsReduction {
     if (L_ > 1) {
       std::vector<Loc> srcs;
       for (int r : hv_.ranksOf[host_])
-        srcs.push_back(r == me_ ? Loc::in(0, inOff(j, lo)) : Loc::slot(r, j, regionOff(myShare_)));
+        srcs.push_back(r == me_    ? Loc::in(0, inOff(j, lo))
+                       : direct_ ? Loc::peerIn(r, 0, inOff(j, lo))
+                                 : Loc::slot(r, j, regionOff(myShare_)));
       p_.steps.push_back(Step::reduce(partialLoc(j, 0), srcs, n, false));
     }
     auto& ids = hop1_[j];
@@ -231,10 +245,10 @@ class HostsReduction {
     if (rooted_ && me_ != req_.root) return;
     for (int m = 0; m < owners_; ++m) {
       const int owner = ownerRank(host_, m);
-      if (rooted_ && owner == me_) continue;  // already in my output
+      if ((rooted_ || direct_) && owner == me_) continue;  // already in my output
       auto [lo, hi] = share(j, m);
-      if (hi > lo)
-        p_.steps.push_back(Step::copy(Loc::out(0, inOff(j, lo)), Loc::slot(owner, j, regionOff(m)), (hi - lo) * es_));
+      const Loc from = direct_ ? Loc::peerOut(owner, 0, inOff(j, lo)) : Loc::slot(owner, j, regionOff(m));
+      if (hi > lo) p_.steps.push_back(Step::copy(Loc::out(0, inOff(j, lo)), from, (hi - lo) * es_));
     }
   }
 
@@ -243,7 +257,7 @@ class HostsReduction {
   const bool rooted_;
   Plan p_;
   int me_, host_, local_, L_, H_, owners_, myShare_, rootHost_;
-  bool rsag_, copyOut_;
+  bool rsag_, copyOut_, direct_;
   int64_t es_, regionElems_, chunkElems_, total_, chunks_;
   int64_t scratch_[2] = {0, 0};
   std::vector<std::vector<int>> hop1_, hop2_;

@@ -72,6 +72,7 @@ PlanRequest requestFrom(const py::dict& d) {
     else if (key == "host_of") req.hostOf = field<std::vector<int>>(v, key);
     else if (key == "leader_max_bytes") req.leaderMaxBytes = field<int64_t>(v, key);
     else if (key == "net_chunk_bytes") req.netChunkBytes = field<int64_t>(v, key);
+    else if (key == "host_reads_peers") req.hostReadsPeers = field<bool>(v, key);
     else if (key == "all_to_all_form") {
       const auto form = field<std::string>(v, key);
       if (form == "auto") req.allToAllForm = hoccl::AllToAllHostsForm::Auto;
