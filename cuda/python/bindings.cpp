@@ -83,6 +83,18 @@ PYBIND11_MODULE(_C, m) {
            py::arg("local"), py::arg("rail"), py::arg("global_group"), py::arg("p2p"), py::arg("address_of"),
            py::call_guard<py::gil_scoped_release>())
       .def("last_algorithm", &hoccl::MultiHostGroup::lastAlgorithm)
+      .def(
+          "last_alltoall_phases",
+          [](const hoccl::MultiHostGroup& g) {
+            std::vector<std::vector<std::tuple<int, int, int64_t>>> out;
+            for (const auto& phase : g.lastAllToAllPhases()) {
+              out.emplace_back();
+              for (const auto& t : phase) out.back().emplace_back(t.src, t.dst, t.bytes);
+            }
+            return out;
+          },
+          "[[(src, dst, bytes), ...], ...]: the phases of the last all_to_all's form across hosts (own blocks, "
+          "then direct: every other pair; rail: the host legs, then one message per relay and destination)")
       .def("hosts", [](const hoccl::MultiHostGroup& g) { return g.layout().table.ranksOf; },
            "ranks of each host, hosts in order of their lowest rank");
 

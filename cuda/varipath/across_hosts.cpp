@@ -126,5 +126,33 @@ AllToAllHostsForm chooseAcrossHosts(const std::vector<int>& hostOf, const std::v
   return relay < direct ? AllToAllHostsForm::Relay : AllToAllHostsForm::Direct;
 }
 
+std::vector<TransferPhase> phasesAcrossHosts(const std::vector<int>& hostOf, const std::vector<int64_t>& matrix,
+                                             AllToAllHostsForm form) {
+  const HostView hv = checkedView(hostOf, matrix, NetCosts{});
+  const int W = static_cast<int>(hostOf.size());
+  const bool relay = form == AllToAllHostsForm::Relay;
+  auto at = [&](int s, int d) { return matrix[static_cast<size_t>(s) * W + d]; };
+  TransferPhase own, legs, crossing;
+  for (int r = 0; r < W; ++r)
+    if (at(r, r) > 0) own.push_back({r, r, at(r, r)});
+  for (int s = 0; s < W; ++s)
+    for (int d = 0; d < W; ++d) {
+      if (s == d || at(s, d) == 0) continue;
+      const int to = relay && hv.host(s) != hv.host(d) ? hv.railPeer(hv.host(s), hv.localIndex[d]) : d;
+      if (to != s) legs.push_back({s, to, at(s, d)});
+    }
+  if (relay)
+    for (int d = 0; d < W; ++d)
+      for (int h = 0; h < hv.hosts(); ++h) {
+        if (h == hv.host(d)) continue;
+        int64_t bytes = 0;
+        for (int s : hv.ranksOf[h]) bytes += at(s, d);
+        if (bytes > 0) crossing.push_back({hv.railPeer(h, hv.localIndex[d]), d, bytes});
+      }
+  std::vector<TransferPhase> phases{std::move(own), std::move(legs)};
+  if (relay) phases.push_back(std::move(crossing));
+  return phases;
+}
+
 }  // namespace varipath
 }  // namespace hoccl

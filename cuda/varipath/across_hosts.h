@@ -29,5 +29,12 @@ double estimateAcrossHosts(const std::vector<int>& hostOf, const std::vector<int
 AllToAllHostsForm chooseAcrossHosts(const std::vector<int>& hostOf, const std::vector<int64_t>& matrix,
                                     const NetCosts& costs);
 
+// The transfers `form` makes, as phases of (src, dst, bytes): every rank's own block first (as on
+// one host), then direct: every other non-empty pair; relay: the host legs (same-host pairs, and
+// each cross-host block from its sender to its relay when they differ), then one aggregated
+// message per (relay, destination).
+std::vector<TransferPhase> phasesAcrossHosts(const std::vector<int>& hostOf, const std::vector<int64_t>& matrix,
+                                             AllToAllHostsForm form);
+
 }  // namespace varipath
 }  // namespace hoccl

@@ -113,12 +113,61 @@ def _split_matrix(world: int, kind: str) -> torch.Tensor:
     return torch.randint(0, 40, (world, world), generator=g)  # uneven
 
 
+def expected_phases(hosts: list, matrix: list, form: str) -> list:
+    """The phases a form across hosts moves (docs/multihost.md), from the host table and the
+    bytes each rank sends each rank: own blocks; then direct: every other pair; rail: the host
+    legs (same-host pairs, and each cross-host block to its sender host's relay for the
+    destination, unless the sender is that relay), then one message per (relay, destination)
+    with every block of the relay's host for that destination."""
+    world = len(matrix)
+    host_of = {r: h for h, ranks in enumerate(hosts) for r in ranks}
+    local = {r: ranks.index(r) for ranks in hosts for r in ranks}
+
+    def relay(h, d):
+        return hosts[h][local[d] % len(hosts[h])]
+
+    own = [(r, r, matrix[r][r]) for r in range(world) if matrix[r][r]]
+    legs = []
+    for s in range(world):
+        for d in range(world):
+            if s == d or not matrix[s][d]:
+                continue
+            to = relay(host_of[s], d) if form == "rail" and host_of[s] != host_of[d] else d
+            if to != s:
+                legs.append((s, to, matrix[s][d]))
+    if form != "rail":
+        return [own, legs]
+    crossing = []
+    for d in range(world):
+        for h, ranks in enumerate(hosts):
+            total = sum(matrix[s][d] for s in ranks) if h != host_of[d] else 0
+            if total:
+                crossing.append((relay(h, d), d, total))
+    return [own, legs, crossing]
+
+
 def check_all_to_all(pg, rank: int, world: int, form: str | None = None) -> int:
     """Every split kind in all_to_all_single (several dtypes) and list all_to_all; with `form`,
-    each op must have run in that form (last_algorithm names it)."""
-    def ran(what):
+    each op must have run in that form (last_algorithm names it). last_alltoall_phases() must
+    list the form's transfers for the split matrix (none where the legs gathered no matrix)."""
+    import os
+
+    no_matrix = (os.environ.get("HOCCL_MULTIHOST_PATH", "legs") == "legs" and form != "rail"
+                 and os.environ.get("HOCCL_CHECK_ACROSS_HOSTS") == "0")
+
+    def ran(what, splits=None, dtype=None):
         if form is not None:
             assert pg.last_algorithm() == f"multihost_{form}", f"{what}: ran {pg.last_algorithm()}, not {form}"
+        if splits is None:
+            return
+        got = [[tuple(t) for t in phase] for phase in pg.last_alltoall_phases()]
+        if no_matrix:
+            assert got == [], f"{what}: phases {got} without a split matrix"
+            return
+        size = torch.empty(0, dtype=dtype).element_size()
+        matrix = (splits * 3 * size).tolist()
+        ran_form = pg.last_algorithm().removeprefix("multihost_")
+        assert got == expected_phases(pg.hosts(), matrix, ran_form), f"{what}: phases {got}"
 
     done = 0
     for kind in ("equal", "zero", "uneven", "skewed"):
@@ -130,13 +179,13 @@ def check_all_to_all(pg, rank: int, world: int, form: str | None = None) -> int:
             pg.alltoall_base(out, inputs[rank], splits[:, rank].tolist(), splits[rank].tolist(),
                              dist.AllToAllOptions()).wait()
             assert_close(out, expected, f"all_to_all_single {kind} {dtype} on rank {rank}")
-            ran(f"all_to_all_single {kind} {dtype} on rank {rank}")
+            ran(f"all_to_all_single {kind} {dtype} on rank {rank}", splits, dtype)
             done += 1
         ins = list(inputs[rank].split(splits[rank].tolist()))
         outs = [torch.empty(int(splits[s, rank]), 3, dtype=dtype) for s in range(world)]
         pg.alltoall(outs, ins, dist.AllToAllOptions()).wait()
         assert_close(torch.cat(outs), expected, f"all_to_all {kind} on rank {rank}")
-        ran(f"all_to_all {kind} on rank {rank}")
+        ran(f"all_to_all {kind} on rank {rank}", splits, dtype)
         done += 1
     return done
 

@@ -42,9 +42,17 @@ void MultiHostGroup::alltoallBytes(const std::vector<at::Tensor>& ins, const std
     recvBytes.push_back(outs[r].numel());
   }
   if (plans_) return alltoallPlanned(ins, outs, op, sendBytes, recvBytes);
-  if (!checkAcrossHosts_ && alltoallChoice_ != AllToAllHostsForm::Relay) return alltoallDirect(ins, outs, op);
+  if (!checkAcrossHosts_ && alltoallChoice_ != AllToAllHostsForm::Relay) {
+    {
+      std::lock_guard<std::mutex> lock(stateMutex_);
+      lastPhases_.clear();
+    }
+    return alltoallDirect(ins, outs, op);
+  }
   const SplitMatrix m = exchangeSplits(op, sendBytes, recvBytes, checkAcrossHosts_);
-  if (chooseForm(alltoallChoice_, layout_, m, netCosts_) == AllToAllHostsForm::Direct) return alltoallDirect(ins, outs, op);
+  const AllToAllHostsForm form = chooseForm(alltoallChoice_, layout_, m, netCosts_);
+  setAllToAllPhases(m, form);
+  if (form == AllToAllHostsForm::Direct) return alltoallDirect(ins, outs, op);
   checkSplits(op, m, true);  // the rail form packs same-host blocks into its own host leg
   alltoallRail(ins, outs, op, m);
 }

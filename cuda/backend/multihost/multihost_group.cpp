@@ -6,6 +6,7 @@
 
 #include "backend/multihost/net_costs.h"
 #include "common/config.h"
+#include "varipath/across_hosts.h"
 
 namespace hoccl {
 
@@ -109,6 +110,17 @@ void MultiHostGroup::setTimeout(std::chrono::milliseconds timeout) {
 std::string MultiHostGroup::lastAlgorithm() const {
   std::lock_guard<std::mutex> lock(stateMutex_);
   return lastAlgo_;
+}
+
+std::vector<TransferPhase> MultiHostGroup::lastAllToAllPhases() const {
+  std::lock_guard<std::mutex> lock(stateMutex_);
+  return lastPhases_;
+}
+
+void MultiHostGroup::setAllToAllPhases(const SplitMatrix& m, AllToAllHostsForm form) {
+  std::vector<TransferPhase> phases = varipath::phasesAcrossHosts(layout_.table.hostOf, m.bytes, form);
+  std::lock_guard<std::mutex> lock(stateMutex_);
+  lastPhases_ = std::move(phases);
 }
 
 void MultiHostGroup::setAlgorithm(const char* name) {

@@ -63,6 +63,9 @@ class MultiHostGroup : public c10d::Backend {
   void setSequenceNumberForGroup() override {}
   uint64_t getSequenceNumberForGroup() override { return issued_; }
   std::string lastAlgorithm() const;
+  // The phases of this rank's last all_to_all (varipath::phasesAcrossHosts of the form it ran);
+  // none when no split matrix was gathered (the legs without the cross-host check).
+  std::vector<TransferPhase> lastAllToAllPhases() const;
   const HostLayout& layout() const { return layout_; }
   // The network engine for plans across hosts: gloo, on the framed engine user send/recv use.
   NetTransport* net() const { return net_.get(); }
@@ -132,6 +135,7 @@ class MultiHostGroup : public c10d::Backend {
   bool captured(Body& body);
   void workerLoop();
   void setAlgorithm(const char* name);
+  void setAllToAllPhases(const SplitMatrix& m, AllToAllHostsForm form);
   // A send/recv work joins the coalesced group while coalescing (batch_isend_irecv waits that).
   c10::intrusive_ptr<c10d::Work> tracked(c10::intrusive_ptr<c10d::Work> work);
 
@@ -213,6 +217,7 @@ class MultiHostGroup : public c10d::Backend {
   mutable std::mutex stateMutex_;
   std::string broken_;  // the first inter-host failure; later ops fail with it at once
   std::string lastAlgo_;
+  std::vector<TransferPhase> lastPhases_;
   at::Tensor scratch_;
   uint32_t crossTags_ = 0;
   std::shared_ptr<FramedP2P> framed_;  // send/recv over groups_.p2p

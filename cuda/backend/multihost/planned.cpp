@@ -54,7 +54,9 @@ void MultiHostGroup::alltoallPlanned(const std::vector<at::Tensor>& ins, const s
   o.bytes /= size_;
   o.allToAllForm = alltoallChoice_;
   planned(op, [&](ProcessGroupHOCCL& host, int64_t tag) { host.runAcrossHosts(o, tag); });
-  setAlgorithm(groups_.local->lastAlgorithm() == "alltoall/hosts-rail" ? "multihost_rail" : "multihost_direct");
+  const bool relayed = groups_.local->lastAlgorithm() == "alltoall/hosts-rail";
+  setAlgorithm(relayed ? "multihost_rail" : "multihost_direct");
+  setAllToAllPhases(m, relayed ? AllToAllHostsForm::Relay : AllToAllHostsForm::Direct);
 }
 
 }  // namespace hoccl
