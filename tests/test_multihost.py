@@ -75,14 +75,17 @@ def _check_clean(hosts):
             assert hosts.shm_files(h) == [], f"host {h} kept {hosts.shm_files(h)}"
 
 
-# Both paths across hosts: the legs (the default) and one plan per collective (issue 31's path,
-# HOCCL_MULTIHOST_PATH=plans), against the same references.
+# Both paths across hosts: the legs and one plan per collective (issue 31's path), against the
+# same references; the default (auto: the reductions as plans, the rest as legs) mixes the two
+# in one job, checked on 2x2 and on the interleaved placement (and by every test that sets none).
 PATHS = ["legs", "plans"]
+LAYOUTS = [([2, 2], "1"), ([2, 1, 2], "1"), ([1, 1], "0")]
+LAYOUT_IDS = ["2x2", "3hosts-2-1-2", "2x1-unchecked"]
 
 
-@pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("ranks,check", [([2, 2], "1"), ([2, 1, 2], "1"), ([1, 1], "0")],
-                         ids=["2x2", "3hosts-2-1-2", "2x1-unchecked"])
+@pytest.mark.parametrize("ranks,check,path",
+                         [(r, c, p) for p in PATHS for r, c in LAYOUTS] + [([2, 2], "1", "auto")],
+                         ids=[f"{i}-{p}" for p in PATHS for i in LAYOUT_IDS] + ["2x2-auto"])
 def test_every_op_across_hosts(ranks, check, path):
     with Hosts(count=len(ranks), ranks=ranks) as hosts:
         env = dict(SLOTS, **AUTO_COSTS, HOCCL_CHECK_ACROSS_HOSTS=check, HOCCL_MULTIHOST_PATH=path)
@@ -97,7 +100,7 @@ def test_every_op_across_hosts(ranks, check, path):
     assert leftovers(run_id) == []
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", PATHS + ["auto"])
 def test_every_op_interleaved_placement(path):
     with Hosts(count=2, ranks=[2, 2]) as hosts:
         results = hosts.run_ranks(every_op_interleaved, backend="hoccl", pg_timeout=60,

@@ -88,10 +88,11 @@ const std::vector<Variable> kTable = {
     {"HOCCL_CHECK_ACROSS_HOSTS", K::Choice, R::Core, "1", "0,1",
      "across hosts, every collective first checks that its arguments agree on every host (one small gloo "
      "all_gather on the rail); 0 skips it: a mismatch then ends a process inside gloo"},
-    {"HOCCL_MULTIHOST_PATH", K::Choice, R::Core, "legs", "legs,plans",
-     "across hosts: legs (separate host and inter-host collectives) or plans (all_reduce, reduce, "
-     "all_gather, reduce_scatter, broadcast and barrier as one plan across hosts, its network steps on "
-     "the inter-host engine; other ops stay legs); plans become the default once they are as fast"},
+    {"HOCCL_MULTIHOST_PATH", K::Choice, R::Core, "auto", "auto,legs,plans",
+     "across hosts, which collectives run as one plan spanning the hosts (its network steps on the "
+     "inter-host engine) instead of legs (separate host and inter-host collectives): auto: the "
+     "reductions (all_reduce, reduce, reduce_scatter), measured at least as fast; plans: every "
+     "collective but send/recv; legs: none"},
     {"HOCCL_NET_MESSAGE_US", K::Integer, R::Core, "auto", "",
      "across hosts, the network engine's cost per message that all_to_all's cost model uses; auto: measured "
      "when the group is created (the median of eight round trips of an 8-byte message)"},

@@ -41,7 +41,7 @@ void MultiHostGroup::alltoallBytes(const std::vector<at::Tensor>& ins, const std
     sendBytes.push_back(ins[r].numel());
     recvBytes.push_back(outs[r].numel());
   }
-  if (plans_) return alltoallPlanned(ins, outs, op, sendBytes, recvBytes);
+  if (runsAsPlan(OpKind::AllToAll)) return alltoallPlanned(ins, outs, op, sendBytes, recvBytes);
   if (!checkAcrossHosts_ && alltoallChoice_ != AllToAllHostsForm::Relay) {
     {
       std::lock_guard<std::mutex> lock(stateMutex_);

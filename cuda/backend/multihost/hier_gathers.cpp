@@ -25,7 +25,7 @@ OpSignature bytesSignature(c10d::OpType kind, const at::Tensor& t, int64_t root 
 
 void MultiHostGroup::broadcastFlat(const char* op, const at::Tensor& bytes, int root) {
   if (bytes.numel() == 0) return;
-  if (plans_) {
+  if (runsAsPlan(OpKind::Broadcast)) {
     ProcessGroupHOCCL::HostsOp o{op, OpKind::Broadcast, root};
     o.in = o.out = {ptr(bytes)};
     o.bytes = o.numel = bytes.numel();
@@ -109,7 +109,7 @@ void MultiHostGroup::allgatherRails(const char* op, const at::Tensor& in, const 
 void MultiHostGroup::allgatherFlat(const char* op, const at::Tensor& in, const std::vector<at::Tensor>& outs) {
   const int64_t n = in.numel(), H = layout_.hosts();
   if (n == 0) return;
-  if (plans_) {
+  if (runsAsPlan(OpKind::AllGather)) {
     ProcessGroupHOCCL::HostsOp o{op, OpKind::AllGather};
     o.in = {ptr(in)};
     for (const auto& t : outs) o.out.push_back(ptr(t));
@@ -275,7 +275,7 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::gather(std::vector<std::vector<at
                  [this, staged, in, root] {
                    agreeOnRail("gather", bytesSignature(c10d::OpType::GATHER, in, root));
                    const int64_t n = legs::bytesOf(in).numel();
-                   if (plans_) {
+                   if (runsAsPlan(OpKind::Gather)) {
                      if (n == 0) return;
                      ProcessGroupHOCCL::HostsOp o{"gather", OpKind::Gather, root};
                      o.in = {ptr(in)};
@@ -334,7 +334,7 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::scatter(std::vector<at::Tensor>& 
   return enqueue(c10d::OpType::SCATTER, outputs, [this, s, packed, root] {
     agreeOnRail("scatter", bytesSignature(c10d::OpType::SCATTER, s.work, root));
     at::Tensor mine = legs::bytesOf(s.work);
-    if (plans_) {
+    if (runsAsPlan(OpKind::Scatter)) {
       if (mine.numel() == 0) return;
       ProcessGroupHOCCL::HostsOp o{"scatter", OpKind::Scatter, root};
       o.in.assign(size_, nullptr);
@@ -356,7 +356,7 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::scatter(std::vector<at::Tensor>& 
 c10::intrusive_ptr<c10d::Work> MultiHostGroup::barrier(const c10d::BarrierOptions&) {
   return enqueue(c10d::OpType::BARRIER, {}, [this] {
     agreeOnRail("barrier", {static_cast<int64_t>(c10d::OpType::BARRIER), -1, 0});
-    if (plans_) {
+    if (runsAsPlan(OpKind::Barrier)) {
       ProcessGroupHOCCL::HostsOp b{"barrier", OpKind::Barrier};
       planned("barrier", [&](ProcessGroupHOCCL& host, int64_t tag) { host.runAcrossHosts(b, tag); });
       return;

@@ -44,7 +44,7 @@ void MultiHostGroup::railAllreduce(const char* op, const at::Tensor& t, RedOp re
 
 void MultiHostGroup::allreduceFlat(const char* op, const at::Tensor& flat, RedOp redOp, double factor) {
   if (flat.numel() == 0) return;
-  if (plans_) {
+  if (runsAsPlan(OpKind::AllReduce)) {
     planned(op, [&](ProcessGroupHOCCL& host, int64_t tag) { host.allreduceAcrossHosts(flat, redOp, factor, tag); });
     return;
   }
@@ -135,7 +135,7 @@ void MultiHostGroup::reduceScatterFlat(const char* op, const std::vector<at::Ten
                                        RedOp redOp, double factor) {
   const int64_t n = out.numel();
   if (n == 0) return;
-  if (plans_) {
+  if (runsAsPlan(OpKind::ReduceScatter)) {
     ProcessGroupHOCCL::HostsOp o{op, OpKind::ReduceScatter};
     for (const auto& b : blocks) o.in.push_back(ptr(b));
     o.out = {ptr(out)};

@@ -112,6 +112,21 @@ std::string MultiHostGroup::lastAlgorithm() const {
   return lastAlgo_;
 }
 
+MultiHostGroup::Path MultiHostGroup::pathSetting(const std::string& setting) {
+  if (setting == "legs") return Path::Legs;
+  if (setting == "plans") return Path::Plans;
+  return Path::Auto;  // the configuration table admits only these three
+}
+
+bool MultiHostGroup::runsAsPlan(OpKind kind) const {
+  switch (path_) {
+    case Path::Legs: return false;
+    case Path::Plans: return true;
+    case Path::Auto: return kind == OpKind::AllReduce || kind == OpKind::ReduceScatter;
+  }
+  return false;
+}
+
 std::vector<TransferPhase> MultiHostGroup::lastAllToAllPhases() const {
   std::lock_guard<std::mutex> lock(stateMutex_);
   return lastPhases_;

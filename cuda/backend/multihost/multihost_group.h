@@ -202,7 +202,14 @@ class MultiHostGroup : public c10d::Backend {
   std::vector<int> allRanks_;
   int64_t leaderMaxBytes_;
   bool checkAcrossHosts_;
-  bool plans_ = config::text("HOCCL_MULTIHOST_PATH") == "plans";  // else the legs (the default)
+  // HOCCL_MULTIHOST_PATH: which collectives run as one plan across hosts (the others as legs).
+  // auto: the reductions (all_reduce, allreduce_coalesced, reduce, reduce_scatter), where the
+  // plans measure at least as fast as the legs (docs/multihost.md); plans: every collective but
+  // send/recv; legs: none.
+  enum class Path : uint8_t { Legs, Auto, Plans };
+  Path path_ = pathSetting(config::text("HOCCL_MULTIHOST_PATH"));
+  static Path pathSetting(const std::string& setting);
+  bool runsAsPlan(OpKind kind) const;
   AllToAllHostsForm alltoallChoice_ = alltoallChoice(config::text("HOCCL_MULTIHOST_ALLTOALL"));
   NetCosts netCosts_;
   std::chrono::milliseconds timeout_;
