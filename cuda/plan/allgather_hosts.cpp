@@ -52,15 +52,19 @@ Plan planGatherHosts(const PlanRequest& req) {
   return p;
 }
 
+// The readers of block `block` that rank q of host h hands on: every other rank of h, into its
+// output for that block.
+std::vector<std::pair<int, Loc>> hostReaders(const HostView& hv, int h, int q, int block) {
+  std::vector<std::pair<int, Loc>> readers;
+  for (int t : hv.ranksOf[h])
+    if (t != q) readers.push_back({t, Loc::out(block, 0)});
+  return readers;
+}
+
 // Each rank of host h hands its own block to the other ranks of h.
 std::vector<SharedPiece> ownBlocks(const HostView& hv, int h) {
   std::vector<SharedPiece> pieces;
-  for (int q : hv.ranksOf[h]) {
-    std::vector<std::pair<int, Loc>> others;
-    for (int t : hv.ranksOf[h])
-      if (t != q) others.push_back({t, Loc::out(q, 0)});
-    pieces.push_back({q, Loc::in(0, 0), others});
-  }
+  for (int q : hv.ranksOf[h]) pieces.push_back({q, Loc::in(0, 0), hostReaders(hv, h, q, q)});
   return pieces;
 }
 
@@ -120,9 +124,8 @@ Plan planAllGatherHostFirst(const PlanRequest& req) {
 // same on every rank, so every rank picks the same form.
 bool allGatherGoesHostFirst(const PlanRequest& req) {
   const HostView hv(req);
-  int most = 0;
-  for (int h = 0; h < hv.hosts(); ++h) most = std::max(most, hv.localSize(h));
-  const double extra = static_cast<double>(most - 1) * static_cast<double>(req.bytes) * (hv.hosts() - 1);
+  const double most = static_cast<double>(hv.rails.size());  // one rail per local index of the widest host
+  const double extra = (most - 1) * static_cast<double>(req.bytes) * (hv.hosts() - 1);
   return extra < 0.1 * req.netCosts.messageSec * req.netCosts.linkBytesPerSec;
 }
 
@@ -155,17 +158,12 @@ Plan planAllGatherRail(const PlanRequest& req) {
   std::vector<int> blockOf;  // per piece of this host: the block it carries
   auto piecesOf = [&](int h, std::vector<int>* blocks) {
     std::vector<SharedPiece> pieces;
-    const std::vector<int>& local = hv.ranksOf[h];
-    for (int q : local) {
-      std::vector<std::pair<int, Loc>> others;
-      for (int t : local)
-        if (t != q) others.push_back({t, Loc::out(q, 0)});
-      pieces.push_back({q, Loc::in(0, 0), others});
+    for (int q : hv.ranksOf[h]) {
+      pieces.push_back({q, Loc::in(0, 0), hostReaders(hv, h, q, q)});
       if (blocks) blocks->push_back(q);
       for (int r = 0; r < req.world; ++r) {
         if (hv.host(r) == h || hv.railPeer(h, hv.localIndex[r]) != q) continue;
-        for (auto& o : others) o.second = Loc::out(r, 0);
-        pieces.push_back({q, Loc::out(r, 0), others});
+        pieces.push_back({q, Loc::out(r, 0), hostReaders(hv, h, q, r)});
         if (blocks) blocks->push_back(r);
       }
     }

@@ -20,6 +20,20 @@
 
 namespace py = pybind11;
 
+namespace {
+
+// Phases as Python sees them: [[(src, dst, bytes), ...], ...].
+std::vector<std::vector<std::tuple<int, int, int64_t>>> phasesForPython(const std::vector<hoccl::TransferPhase>& phases) {
+  std::vector<std::vector<std::tuple<int, int, int64_t>>> out;
+  for (const auto& phase : phases) {
+    out.emplace_back();
+    for (const auto& t : phase) out.back().emplace_back(t.src, t.dst, t.bytes);
+  }
+  return out;
+}
+
+}  // namespace
+
 PYBIND11_MODULE(_C, m) {
   m.doc() = "hoccl C++ core: process group, shm transport, plan-building collective scheduler";
   py::class_<hoccl::ProcessGroupHOCCL, c10d::Backend, c10::intrusive_ptr<hoccl::ProcessGroupHOCCL>>(
@@ -40,14 +54,7 @@ PYBIND11_MODULE(_C, m) {
           "how this rank saw its cores at its latest op: 'none', 'among_ranks' or 'with_other_work'")
       .def(
           "last_alltoall_phases",
-          [](const hoccl::ProcessGroupHOCCL& pg) {
-            std::vector<std::vector<std::tuple<int, int, int64_t>>> out;
-            for (const auto& phase : pg.lastAllToAllPhases()) {
-              out.emplace_back();
-              for (const auto& t : phase) out.back().emplace_back(t.src, t.dst, t.bytes);
-            }
-            return out;
-          },
+          [](const hoccl::ProcessGroupHOCCL& pg) { return phasesForPython(pg.lastAllToAllPhases()); },
           "[[(src, dst, bytes), ...], ...]: the phases the last all_to_all ran, its self-copy phase first")
       .def("alltoall_plan_counts", &hoccl::ProcessGroupHOCCL::allToAllPlanCounts,
            "(split matrices planned by VarioPath, served from the plan cache) on this rank")
@@ -85,14 +92,7 @@ PYBIND11_MODULE(_C, m) {
       .def("last_algorithm", &hoccl::MultiHostGroup::lastAlgorithm)
       .def(
           "last_alltoall_phases",
-          [](const hoccl::MultiHostGroup& g) {
-            std::vector<std::vector<std::tuple<int, int, int64_t>>> out;
-            for (const auto& phase : g.lastAllToAllPhases()) {
-              out.emplace_back();
-              for (const auto& t : phase) out.back().emplace_back(t.src, t.dst, t.bytes);
-            }
-            return out;
-          },
+          [](const hoccl::MultiHostGroup& g) { return phasesForPython(g.lastAllToAllPhases()); },
           "[[(src, dst, bytes), ...], ...]: the phases of the last all_to_all's form across hosts (own blocks, "
           "then direct: every other pair; rail: the host legs, then one message per relay and destination)")
       .def("hosts", [](const hoccl::MultiHostGroup& g) { return g.layout().table.ranksOf; },
