@@ -53,6 +53,8 @@ OPS = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all"]
 
 
 def bus_factor(op: str, world: int) -> float:
+    if op == "broadcast":
+        return 1.0
     return 2 * (world - 1) / world if op == "all_reduce" else (world - 1) / world
 
 
@@ -91,6 +93,8 @@ def _run_op(op, buf, group):
         reduce_scatter_single(buf["out"], buf["x"], group=group)
     elif op == "all_to_all":
         dist.all_to_all_single(buf["out"], buf["x"], group=group)
+    elif op == "broadcast":
+        dist.broadcast(buf["x"], src=0, group=group)
 
 
 def _buffers(op, nbytes, world, shared=False):

@@ -12,7 +12,7 @@ slowest rank), busbw, the bytes that crossed hosts per op (the sum of every host
 counter over the timed loop, read inside each host, divided by the iterations), and:
 
   min    the hierarchical minimum of cross-host bytes (the sum over hosts): all_reduce
-         2(H-1)S, all_gather and reduce_scatter (H-1)S, all_to_all S(W-L) for per-rank input S
+         2(H-1)S, all_gather, reduce_scatter and broadcast (H-1)S, all_to_all S(W-L) for per-rank input S
          split evenly (S is the buffer as in bench.py; H hosts, L ranks each, W = HL)
   bound  that minimum's per-host share over the link rate: no schedule finishes sooner
   t/bnd  time / bound (1.00 = the link is busy the whole time with nothing but needed bytes)
@@ -29,6 +29,7 @@ from hoccl_backend.bench import OPS, _buffers, _run_op, buffer_bytes, bus_factor
 from hoccl_backend.testbed.hosts import IFNAME, Hosts
 
 DEFAULT_SIZES = [1 << 20, 16 << 20, 64 << 20]
+HOST_OPS = [*OPS, "broadcast"]  # broadcast on request (--ops): it compares the paths across hosts
 
 
 def minimum_cross_bytes(op: str, hosts: int, per_host: int, nbytes: int) -> int:
@@ -36,7 +37,7 @@ def minimum_cross_bytes(op: str, hosts: int, per_host: int, nbytes: int) -> int:
     world = hosts * per_host
     if op == "all_reduce":
         return 2 * (hosts - 1) * nbytes
-    if op in ("all_gather", "reduce_scatter"):
+    if op in ("all_gather", "reduce_scatter", "broadcast"):
         return (hosts - 1) * nbytes
     return nbytes * (world - per_host)  # all_to_all: every rank sends (W - L)/W of S off its host
 
@@ -158,8 +159,8 @@ def print_table(rows):
 def main(args) -> int:
     ops = [o.strip() for o in args.ops.split(",")]
     for op in ops:
-        if op not in OPS:
-            raise SystemExit(f"unknown op {op!r}; choose from {OPS}")
+        if op not in HOST_OPS:
+            raise SystemExit(f"unknown op {op!r}; choose from {HOST_OPS}")
     sizes = [parse_size(s) for s in args.sizes.split(",")] if args.sizes else DEFAULT_SIZES
     per_host = args.ranks_per_host
     with Hosts(count=args.hosts, ranks=[per_host] * args.hosts, link_gbit=args.link_gbit, mtu=9000) as hosts:

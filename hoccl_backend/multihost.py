@@ -61,7 +61,7 @@ def create(store, rank: int, size: int, timeout: timedelta, names, host_of):
             "to the interface that reaches the other hosts", stacklevel=2)
 
     local = _C.ProcessGroupHOCCL(dist.PrefixStore(f"hoccl/local/{host}", store), local_rank,
-                                 len(ranks_of[host]), timeout)
+                                 len(ranks_of[host]), timeout, hosts_world=size)
     gloo = dist.ProcessGroupGloo
     global_group = gloo(dist.PrefixStore("hoccl/gloo/global", store), rank, size, timeout)
     p2p = gloo(dist.PrefixStore("hoccl/gloo/p2p", store), rank, size, timeout)

@@ -163,6 +163,45 @@ def test_all_gather_host_first(layout):
             assert {p["algo"] for p in build_plans(req)} == {algo}, f"{layout} {nbytes} bytes"
 
 
+def net_steps(plan):
+    return [(s["kind"], s["peer"], s["bytes"]) for s in plan["steps"] if s["kind"] in ("send", "recv")]
+
+
+@pytest.mark.parametrize("layout", list(ACROSS), ids=list(ACROSS))
+def test_all_gather_rail_reading_peers_directly(layout):
+    """The rail form where a host's ranks read each other's memory (host_reads_peers): readers copy
+    own blocks from owners' inputs and received blocks from owners' outputs, in rounds that follow
+    the messages; nothing is staged. The same messages as the staged form, so hosts may choose
+    differently: every host direct, and host 0 direct beside staged hosts, in any order."""
+    host_of = ACROSS[layout]
+    world = len(host_of)
+    for i, n in enumerate(n for n in SIZES if n):
+        for chunk in (0, 24):
+            inputs = inputs_for("all_gather", world, n, 0, 700 + n)
+            req = dict(kind="all_gather", world=world, host_of=host_of, bytes=n * 4, elem_size=4, slot_bytes=SLOT,
+                       net_chunk_bytes=chunk, net_costs=FREE_MESSAGES)
+            direct = build_plans(dict(req, host_reads_peers=True, cross_memory_min_bytes=0))
+            staged = build_plans(req)
+            what = f"all_gather direct {layout} n={n} chunk={chunk}"
+            for r in range(world):
+                assert net_steps(direct[r]) == net_steps(staged[r]), f"{what}: rank {r}'s messages differ"
+                locs = [l for s in direct[r]["steps"] for l in (s.get("src"), s.get("dst")) if l]
+                alone = host_of.count(host_of[r]) == 1
+                assert alone or not any(l["space"] == "slot" for l in locs), f"{what}: rank {r} stages"
+                assert alone or any(l["space"] == "peer_in" for l in locs), f"{what}: rank {r} reads no peer"
+            mixed = [direct[r] if host_of[r] == 0 else staged[r] for r in range(world)]
+            for plans, how in ((direct, "every host direct"), (mixed, "host 0 direct")):
+                ins, outs = make_blocks("all_gather", world, inputs)
+                try:
+                    Simulator(world, SLOT, host_of).run(plans, ins, outs, dtype=F32,
+                                                        order="random" if (i + chunk) % 2 else "round_robin", seed=n)
+                except SimulationError as e:
+                    raise AssertionError(f"{what} {how}: {e}") from None
+                for r, exp in enumerate(expected_outputs("all_gather", inputs, "sum", 0)):
+                    for b, (got, want) in enumerate(zip(outs[r], exp)):
+                        assert torch.equal(got, want), f"{what} {how}: rank {r} block {b}"
+
+
 @pytest.mark.parametrize("kind", MOVES)
 def test_movement_on_one_host(kind):
     """The builders across hosts on one host (no message at all) and on 16 ranks."""

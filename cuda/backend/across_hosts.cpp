@@ -10,6 +10,8 @@ void ProcessGroupHOCCL::joinHosts(HostsContext hosts) {
   TORCH_CHECK(hosts.net && static_cast<int>(hosts.hostOf.size()) == hosts.world &&
                   static_cast<int>(hosts.localIndex.size()) == hosts.world,
               "hoccl: rank ", hosts.rank, ": an incomplete host context");
+  TORCH_CHECK(group_->blocksPerSide() >= static_cast<size_t>(hosts.world), "hoccl: rank ", hosts.rank,
+              ": the host's group was created for plans of ", group_->blocksPerSide(), " ranks, not ", hosts.world);
   hostsCtx_ = std::move(hosts);
 }
 

@@ -21,7 +21,7 @@ static void checkSingleHost(const HostTable& hosts, int rank) {
 }
 
 ProcessGroupHOCCL::ProcessGroupHOCCL(const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                     int size, std::chrono::milliseconds timeout)
+                                     int size, std::chrono::milliseconds timeout, int hostsWorld)
     : c10d::Backend(rank, size),
       timeout_(timeout),
       store_(store),
@@ -33,6 +33,7 @@ ProcessGroupHOCCL::ProcessGroupHOCCL(const c10::intrusive_ptr<c10d::Store>& stor
                  hosts_.hosts(), config::describe().c_str());
   checkSingleHost(hosts_, rank);
   noteJobRanksOnHost(static_cast<int>(hosts_.ranksOf[hosts_.hostOf[rank]].size()));
+  config_.shm.blocksPerSide = hostsWorld;
   group_ = std::make_unique<ShmGroup>(store, rank, size, config_.shm, timeout);
   executor_ = std::make_unique<Executor>(*group_);
   if (config_.debug >= 1) profile_ = std::make_unique<OpProfile>();

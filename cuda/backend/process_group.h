@@ -33,8 +33,10 @@ class Scheduler;
 
 class ProcessGroupHOCCL : public c10d::Backend {
  public:
+  // hostsWorld: for the group of one host's ranks that runs plans of a group across hosts
+  // (joinHosts), that group's size: its plans name blocks of every rank of it.
   ProcessGroupHOCCL(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                    std::chrono::milliseconds timeout);
+                    std::chrono::milliseconds timeout, int hostsWorld = 0);
   ~ProcessGroupHOCCL() override;
 
   const std::string getBackendName() const override { return "hoccl"; }

@@ -38,7 +38,7 @@ char* Executor::resolve(const Loc& loc, const ExecContext& ctx) const {
 
 // Index of a peer block in the published tables: inputs first, then outputs.
 size_t Executor::publishedIndex(const Loc& loc) const {
-  return static_cast<size_t>(loc.index) + (loc.space == Space::PeerOut ? transport_.world() : 0);
+  return static_cast<size_t>(loc.index) + (loc.space == Space::PeerOut ? transport_.blocksPerSide() : 0);
 }
 
 const char* Executor::mappedPeer(const Loc& loc, size_t bytes, const ExecContext& ctx) {

@@ -39,10 +39,10 @@ PYBIND11_MODULE(_C, m) {
   py::class_<hoccl::ProcessGroupHOCCL, c10d::Backend, c10::intrusive_ptr<hoccl::ProcessGroupHOCCL>>(
       m, "ProcessGroupHOCCL")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                       std::chrono::milliseconds timeout) {
-             return c10::make_intrusive<hoccl::ProcessGroupHOCCL>(store, rank, size, timeout);
+                       std::chrono::milliseconds timeout, int hostsWorld) {
+             return c10::make_intrusive<hoccl::ProcessGroupHOCCL>(store, rank, size, timeout, hostsWorld);
            }),
-           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("hosts_world") = 0,
            py::call_guard<py::gil_scoped_release>())
       .def(
           "set_alltoall_scheduler",

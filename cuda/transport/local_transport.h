@@ -35,7 +35,10 @@ class LocalTransport {
   // blocked and throws on a timeout, an abort or a dead peer.
   virtual void barrier(uint32_t index, const std::function<void(int waitingFor)>& check) = 0;
 
-  // Peer r's published block `block` (inputs first, then outputs: world() + i is output i), from
+  // Entries of each side of a published block table: inputs 0.., outputs from here on.
+  virtual size_t blocksPerSide() const { return static_cast<size_t>(world()); }
+
+  // Peer r's published block `block` (inputs first, then outputs: blocksPerSide() + i is output i), from
   // `offset`: a local pointer valid for `bytes` when the transport can map it, else nullptr.
   virtual const char* mapPeerBlock(int r, uint32_t parity, size_t block, int64_t offset, size_t bytes) = 0;
   // The same bytes copied into dst (for blocks mapPeerBlock could not map).

@@ -59,9 +59,9 @@ void ShmGroup::computeLayout() {
   splitsOffset_ = off;
   off += alignUp(w * 2 * 2 * w * sizeof(int64_t), 64);
   addressesOffset_ = off;
-  off += alignUp(w * 2 * 2 * w * sizeof(uint64_t), 64);
+  off += alignUp(w * 2 * 2 * blocks_ * sizeof(uint64_t), 64);
   regionsOffset_ = off;
-  off += alignUp(w * 2 * 2 * w * sizeof(SharedRegionRef), 64);
+  off += alignUp(w * 2 * 2 * blocks_ * sizeof(SharedRegionRef), 64);
   ringCtlOffset_ = off;
   off += alignUp(w * w * sizeof(RingControl), 4096);
   slotOffset_ = off;
@@ -72,7 +72,7 @@ void ShmGroup::computeLayout() {
 
 ShmGroup::ShmGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world,
                    ShmConfig cfg, std::chrono::milliseconds timeout)
-    : rank_(rank), world_(world), cfg_(cfg) {
+    : rank_(rank), world_(world), blocks_(static_cast<size_t>(std::max(world, cfg.blocksPerSide))), cfg_(cfg) {
   cfg_.slotBytes = alignUp(cfg_.slotBytes, 4096);
   cfg_.ringBytes = alignUp(cfg_.ringBytes, 4096);
   computeLayout();
@@ -181,13 +181,11 @@ int64_t* ShmGroup::splits(int r, int parity) const {
 }
 
 uint64_t* ShmGroup::blockAddresses(int r, int parity) const {
-  size_t w = static_cast<size_t>(world_);
-  return reinterpret_cast<uint64_t*>(base_ + addressesOffset_) + (static_cast<size_t>(r) * 2 + parity) * 2 * w;
+  return reinterpret_cast<uint64_t*>(base_ + addressesOffset_) + (static_cast<size_t>(r) * 2 + parity) * 2 * blocks_;
 }
 
 SharedRegionRef* ShmGroup::blockRegions(int r, int parity) const {
-  size_t w = static_cast<size_t>(world_);
-  return reinterpret_cast<SharedRegionRef*>(base_ + regionsOffset_) + (static_cast<size_t>(r) * 2 + parity) * 2 * w;
+  return reinterpret_cast<SharedRegionRef*>(base_ + regionsOffset_) + (static_cast<size_t>(r) * 2 + parity) * 2 * blocks_;
 }
 
 RingControl& ShmGroup::ringControl(int src, int dst) const {
@@ -267,16 +265,16 @@ void ShmGroup::publishSplits(uint32_t parity, const std::vector<int64_t>& send, 
 void ShmGroup::publishBlocks(uint32_t parity, const std::vector<char*>& in, const std::vector<char*>& out) {
   uint64_t* table = blockAddresses(rank_, parity);
   SharedRegionRef* regions = blockRegions(rank_, parity);
-  const size_t w = static_cast<size_t>(world_);
+  const size_t b = blocks_;
   // A block's region is looked up from its first byte: a peer checks that what it reads lies
   // inside the region and otherwise falls back to cross-memory reads.
-  for (size_t i = 0; i < in.size() && i < w; ++i) {
+  for (size_t i = 0; i < in.size() && i < b; ++i) {
     storeIfChanged(table[i], reinterpret_cast<uint64_t>(in[i]));
     storeIfChanged(regions[i], findSharedRegion(in[i], 1));
   }
-  for (size_t i = 0; i < out.size() && i < w; ++i) {
-    storeIfChanged(table[w + i], reinterpret_cast<uint64_t>(out[i]));
-    storeIfChanged(regions[w + i], findSharedRegion(out[i], 1));
+  for (size_t i = 0; i < out.size() && i < b; ++i) {
+    storeIfChanged(table[b + i], reinterpret_cast<uint64_t>(out[i]));
+    storeIfChanged(regions[b + i], findSharedRegion(out[i], 1));
   }
 }
 

@@ -49,6 +49,9 @@ struct ShmConfig {
   int crossMemory = -1;        // -1 auto (probe), 0 off, 1 required
   int64_t spinMicros = 0;      // busy-wait this long at a barrier before yielding the core
   int64_t sharedSpinMicros = 0;  // the same while cores are shared (futex_wait.h coresShared)
+  // Entries per side (inputs, outputs) of each rank's published block table; 0: the group's
+  // size. A host's group running plans of a group across hosts names blocks of the whole group.
+  int blocksPerSide = 0;
 };
 
 // Copies `bytes` from address `remote` in process `pid` into local `dst` (process_vm_readv).
@@ -63,6 +66,7 @@ class ShmGroup : public LocalTransport {
 
   int rank() const override { return rank_; }
   int world() const override { return world_; }
+  size_t blocksPerSide() const override { return blocks_; }
   size_t slotBytes() const { return cfg_.slotBytes; }
   size_t ringBytes() const { return cfg_.ringBytes; }
 
@@ -84,7 +88,7 @@ class ShmGroup : public LocalTransport {
   int64_t* splits(int r, int parity) const;  // 2*world entries: send bytes then recv bytes
   // This rank's entries of splits(rank, parity), for an op whose first barrier has that parity.
   void publishSplits(uint32_t parity, const std::vector<int64_t>& send, const std::vector<int64_t>& recv);
-  // 2*world entries: addresses (in rank r's own address space) of its input blocks, then output
+  // 2*blocksPerSide() entries: addresses (in rank r's own address space) of its input blocks, then output
   // blocks, for the op whose first barrier had this parity. Read with cross-memory copies.
   uint64_t* blockAddresses(int r, int parity) const;
   // Same layout: where each of those blocks lives, for peers that can map it (shared tensors).
@@ -118,6 +122,7 @@ class ShmGroup : public LocalTransport {
   uint64_t probeWord_ = 0;
 
   int rank_, world_;
+  size_t blocks_;  // blocksPerSide()
   ShmConfig cfg_;
   ShmSegment segment_;
   PeerMappings peerMaps_;
