@@ -119,35 +119,69 @@ def _costs_lines(job, count):
     return {int(m[1]): (int(m[2]), m[3], float(m[4]), m[5]) for m in (re.search(pattern, l) for l in lines) if m}
 
 
+# Elements (float32) rank s sends to rank d on 2x2: skewed, with empty pairs on and off the host.
+A2A_ELEMS = [[3, 0, 700, 5], [0, 9, 11, 2000], [40, 1, 0, 8], [6, 300, 7, 0]]
+
+
 def test_costs_across_hosts_are_measured_at_creation_and_agree():
     """The per-message cost and link rate VarioPath weighs all_to_all's forms by: measured once
-    (rank 0 with a rank of the other host), the same bytes on every rank; a setting replaces its
-    measurement. The link is shaped to 1 Gbit/s, so the measured rate must sit near 0.125 GB/s."""
-    with Hosts(count=2, ranks=[2, 2], link_gbit=1) as hosts:
-        job = hosts.start(every_op_rank_count, backend="hoccl", pg_timeout=60, env={"HOCCL_DEBUG": "INFO"})
-        assert job.wait(timeout=120) == [4] * 4
-        costs = _costs_lines(job, hosts.count)
-        assert sorted(costs) == [0, 1, 2, 3], costs
-        assert len(set(costs.values())) == 1, f"ranks disagree: {costs}"
-        message, how_m, link, how_l = costs[0]
-        assert how_m == how_l == "measured"
-        assert 0 <= message < 1_000_000 and 0.05 < link < 0.3, costs[0]
+    (rank 0 with a rank of the other host), the same bits on every rank (net_costs()); a setting
+    replaces its measurement. The link is shaped to 1 Gbit/s, so the measured rate must sit near
+    0.125 GB/s. Each rank runs one skewed all_to_all: its form must be the cheaper of the
+    documented estimates under the costs the group holds (test_plan_hosts_movement's
+    estimated_seconds), on the default path with measured costs and on the plans with set costs,
+    where a per-message cost of 1 us and of 0.1 s must flip the choice."""
+    from test_plan_hosts_movement import estimated_seconds
 
-        job = hosts.start(every_op_rank_count, backend="hoccl", pg_timeout=60,
-                          env={"HOCCL_DEBUG": "INFO", "HOCCL_NET_MESSAGE_US": "321", "HOCCL_NET_LINK_MBIT": "8000"})
-        assert job.wait(timeout=120) == [4] * 4
-        costs = _costs_lines(job, hosts.count)
-        assert set(costs.values()) == {(321, "HOCCL_NET_MESSAGE_US", 1.0, "HOCCL_NET_LINK_MBIT")}, costs
+    with Hosts(count=2, ranks=[2, 2], link_gbit=1) as hosts:
+        host_of = [hosts.host_of(r) for r in range(hosts.world)]
+        m = [[4 * e for e in row] for row in A2A_ELEMS]
+
+        def run(env):
+            job = hosts.start(costs_and_alltoall, backend="hoccl", pg_timeout=60, env=dict(env, HOCCL_DEBUG="INFO"))
+            results = job.wait(timeout=120)
+            assert len({r["costs"] for r in results}) == 1, f"ranks disagree: {[r['costs'] for r in results]}"
+            costs = {k: float.fromhex(v) for k, v in results[0]["costs"]}
+            triple = (costs["message_s"], costs["link_bytes_per_s"], costs["copy_bytes_per_s"])
+            form = min(("direct", "rail"), key=lambda f: estimated_seconds(host_of, m, f, triple))
+            assert [r["algorithm"] for r in results] == [f"multihost_{form}"] * hosts.world, (results, costs)
+            return job, costs, form
+
+        job, costs, _ = run({})
+        assert 0 <= costs["message_s"] < 1 and 0.05e9 < costs["link_bytes_per_s"] < 0.3e9, costs
+        printed = _costs_lines(job, hosts.count)
+        assert sorted(printed) == [0, 1, 2, 3], printed
+        assert len(set(printed.values())) == 1, f"ranks disagree: {printed}"
+        assert printed[0][1] == printed[0][3] == "measured", printed[0]
+
+        forms = []
+        for message_us in (1, 100_000):
+            env = {"HOCCL_MULTIHOST_PATH": "plans", "HOCCL_NET_MESSAGE_US": str(message_us),
+                   "HOCCL_NET_LINK_MBIT": "8000"}
+            job, costs, form = run(env)
+            assert (costs["message_s"], costs["link_bytes_per_s"]) == (message_us * 1e-6, 1e9), costs
+            assert set(_costs_lines(job, hosts.count).values()) == \
+                {(message_us, "HOCCL_NET_MESSAGE_US", 1.0, "HOCCL_NET_LINK_MBIT")}
+            forms.append(form)
+        assert forms == ["direct", "rail"], forms
         _check_clean(hosts)
 
 
-def every_op_rank_count(rank, world):
+def costs_and_alltoall(rank, world):
     import torch
     import torch.distributed as dist
 
-    t = torch.ones(8)
-    dist.all_reduce(t)
-    return int(t[0])
+    from collective_checks import assert_close, make_input
+
+    pg = dist.group.WORLD._get_backend(torch.device("cpu"))
+    m = A2A_ELEMS
+    inputs = [[make_input(s, 31 * s + d, m[s][d], torch.float32) for d in range(world)] for s in range(world)]
+    out = torch.empty(sum(m[s][rank] for s in range(world)))
+    dist.all_to_all_single(out, torch.cat(inputs[rank]), [m[s][rank] for s in range(world)], m[rank])
+    assert_close(out, torch.cat([inputs[s][rank] for s in range(world)]), f"all_to_all_single on rank {rank}")
+    # Bits, not values: every rank must hold the same doubles.
+    costs = tuple(sorted((k, float(v).hex()) for k, v in pg.net_costs().items()))
+    return {"costs": costs, "algorithm": pg.last_algorithm()}
 
 
 def test_ddp_and_fsdp2_across_hosts_match_gloo():

@@ -95,6 +95,14 @@ PYBIND11_MODULE(_C, m) {
           [](const hoccl::MultiHostGroup& g) { return phasesForPython(g.lastAllToAllPhases()); },
           "[[(src, dst, bytes), ...], ...]: the phases of the last all_to_all's form across hosts (own blocks, "
           "then direct: every other pair; rail: the host legs, then one message per relay and destination)")
+      .def(
+          "net_costs",
+          [](const hoccl::MultiHostGroup& g) {
+            const hoccl::NetCosts& c = g.netCosts();
+            return py::dict(py::arg("message_s") = c.messageSec, py::arg("link_bytes_per_s") = c.linkBytesPerSec,
+                            py::arg("copy_bytes_per_s") = c.copyBytesPerSec);
+          },
+          "what crossing hosts costs, as plans and all_to_all's form weigh it: the same on every rank")
       .def("hosts", [](const hoccl::MultiHostGroup& g) { return g.layout().table.ranksOf; },
            "ranks of each host, hosts in order of their lowest rank");
 

@@ -67,6 +67,8 @@ class MultiHostGroup : public c10d::Backend {
   // none when no split matrix was gathered (the legs without the cross-host check).
   std::vector<TransferPhase> lastAllToAllPhases() const;
   const HostLayout& layout() const { return layout_; }
+  // The costs plans across hosts and all_to_all's form are chosen by, agreed at creation.
+  const NetCosts& netCosts() const { return netCosts_; }
   // The network engine for plans across hosts: gloo, on the framed engine user send/recv use.
   NetTransport* net() const { return net_.get(); }
 
