@@ -1,4 +1,5 @@
 #include "backend/collective.h"
+#include "backend/sparse_allreduce.h"
 #include "backend/tensor_args.h"
 
 namespace hoccl {
@@ -45,13 +46,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allreduce(std::vector<at::Tens
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allreduceSparse(std::vector<at::Tensor>& tensors, RedOp op) {
   const at::Tensor& t = tensors[0];
-  TORCH_CHECK(t.layout() == at::kSparse, "hoccl all_reduce on rank ", rank_, ": ", t.layout(),
-              " tensors are not supported (sparse COO is)");
-  TORCH_CHECK(t.device().is_cpu(), "hoccl all_reduce on rank ", rank_,
-              ": sparse tensors must be on the CPU (got ", t.device(), ")");
-  TORCH_CHECK(op == RedOp::Sum || (op == RedOp::Avg && (t.is_floating_point() || t.is_complex())),
-              "hoccl all_reduce on rank ", rank_, ": sparse tensors support SUM (and AVG for floating dtypes), not ",
-              redOpName(op), " on ", t.scalar_type());
+  checkSparseAllreduce(t, op, rank_);
   return enqueue(c10d::OpType::ALLREDUCE, tensors, [this, t, op] { runSparseAllreduce(t, op); });
 }
 

@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <sstream>
 
+#include "backend/sparse_allreduce.h"
+
 #include "backend/process_group.h"
 
 namespace hoccl {
@@ -73,37 +75,54 @@ std::vector<at::Tensor> blocksOf(const at::Tensor& stacked) {
 
 }  // namespace
 
-void ProcessGroupHOCCL::runSparseAllreduce(at::Tensor tensor, RedOp op) {
+void checkSparseAllreduce(const at::Tensor& t, RedOp op, int rank) {
+  TORCH_CHECK(t.layout() == at::kSparse, "hoccl all_reduce on rank ", rank, ": ", t.layout(),
+              " tensors are not supported (sparse COO is)");
+  TORCH_CHECK(t.device().is_cpu(), "hoccl all_reduce on rank ", rank,
+              ": sparse tensors must be on the CPU (got ", t.device(), ")");
+  TORCH_CHECK(op == RedOp::Sum || (op == RedOp::Avg && (t.is_floating_point() || t.is_complex())),
+              "hoccl all_reduce on rank ", rank, ": sparse tensors support SUM (and AVG for floating dtypes), not ",
+              redOpName(op), " on ", t.scalar_type());
+}
+
+void sparseAllreduce(const at::Tensor& tensor, RedOp op, int rank, int world, const GatherBlocks& gather) {
   at::Tensor mine = tensor.coalesce();
-  at::Tensor header = sparseHeader(mine, rank_);
-  at::Tensor headers = at::empty({size_, kHeaderLen}, at::kLong);
-  allgatherBlocks(header, blocksOf(headers), OpKind::AllGather, 0);
-  checkHeaders(headers, rank_, size_);
+  at::Tensor header = sparseHeader(mine, rank);
+  at::Tensor headers = at::empty({world, kHeaderLen}, at::kLong);
+  gather(header, blocksOf(headers));
+  checkHeaders(headers, rank, world);
 
   at::Tensor nnz = headers.select(1, kNnzField).contiguous();
   int64_t maxNnz = nnz.max().item<int64_t>();
   at::Tensor indices = padRows(mine._indices().t().contiguous(), maxNnz);  // [maxNnz, sparse_dim]
   at::Tensor values = padRows(mine._values().contiguous(), maxNnz);        // [maxNnz, dense...]
-  std::vector<int64_t> idxShape{size_}, valShape{size_};
+  std::vector<int64_t> idxShape{world}, valShape{world};
   idxShape.insert(idxShape.end(), indices.sizes().begin(), indices.sizes().end());
   valShape.insert(valShape.end(), values.sizes().begin(), values.sizes().end());
   at::Tensor allIndices = at::empty(idxShape, indices.options());
   at::Tensor allValues = at::empty(valShape, values.options());
-  allgatherBlocks(indices, blocksOf(allIndices), OpKind::AllGather, 0);
-  allgatherBlocks(values, blocksOf(allValues), OpKind::AllGather, 0);
+  gather(indices, blocksOf(allIndices));
+  gather(values, blocksOf(allValues));
 
   std::vector<at::Tensor> idxParts, valParts;
   const int64_t* counts = nnz.data_ptr<int64_t>();
-  for (int r = 0; r < size_; ++r) {
+  for (int r = 0; r < world; ++r) {
     idxParts.push_back(allIndices.select(0, r).narrow(0, 0, counts[r]));
     valParts.push_back(allValues.select(0, r).narrow(0, 0, counts[r]));
   }
   at::Tensor sumIndices = at::cat(idxParts).t();
   at::Tensor sumValues = at::cat(valParts);
   at::Tensor sum = at::sparse_coo_tensor(sumIndices, sumValues, tensor.sizes()).coalesce();
-  if (op == RedOp::Avg) sum._values().div_(size_);  // after summing, as the dense AVG does
+  if (op == RedOp::Avg) sum._values().div_(world);  // after summing, as the dense AVG does
   // copy_ between sparse tensors replaces indices and values: the caller's tensor becomes the sum.
-  tensor.copy_(sum);
+  at::Tensor out = tensor;
+  out.copy_(sum);
+}
+
+void ProcessGroupHOCCL::runSparseAllreduce(at::Tensor tensor, RedOp op) {
+  sparseAllreduce(tensor, op, rank_, size_, [this](const at::Tensor& block, const std::vector<at::Tensor>& outs) {
+    allgatherBlocks(block, outs, OpKind::AllGather, 0);
+  });
 }
 
 }  // namespace hoccl

@@ -6,6 +6,7 @@
 // computed, so results are identical everywhere.
 #include "backend/multihost/legs.h"
 #include "backend/multihost/multihost_group.h"
+#include "backend/sparse_allreduce.h"
 #include "backend/tensor_args.h"
 
 namespace hoccl {
@@ -241,6 +242,10 @@ void MultiHostGroup::reduceScatterRails(const char* op, const std::vector<at::Te
 c10::intrusive_ptr<c10d::Work> MultiHostGroup::allreduce(std::vector<at::Tensor>& tensors,
                                                          const c10d::AllreduceOptions& opts) {
   TORCH_CHECK(tensors.size() == 1, "hoccl all_reduce on rank ", rank_, ": expects one tensor, got ", tensors.size());
+  if (tensors[0].layout() != at::kStrided) {
+    double unused;
+    return allreduceSparse(tensors[0], toRedOp(opts.reduceOp, &unused, "all_reduce"));
+  }
   if (auto w = viaHost("all_reduce", c10d::OpType::ALLREDUCE, tensors, tensors,
                        [this, opts](const Tensors&, const Tensors& outs) {
                          Tensors v{outs[0]};
@@ -256,6 +261,21 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::allreduce(std::vector<at::Tensor>
     agreeOnRail("all_reduce", reductionSignature(c10d::OpType::ALLREDUCE, s.work, op));
     allreduceFlat("all_reduce", reducible(s.work).view(-1), op, factor);
     s.writeBack();
+  });
+}
+
+// The same steps as on one host (sparse_allreduce.h), over this group's all_gather: each gather
+// agrees on its block's bytes across hosts first, like every collective here.
+c10::intrusive_ptr<c10d::Work> MultiHostGroup::allreduceSparse(const at::Tensor& t, RedOp op) {
+  checkSparseAllreduce(t, op, rank_);
+  return enqueue(c10d::OpType::ALLREDUCE, {t}, [this, t, op] {
+    sparseAllreduce(t, op, rank_, size_, [this](const at::Tensor& block, const std::vector<at::Tensor>& outs) {
+      const at::Tensor bytes = legs::bytesOf(block);
+      agreeOnRail("all_reduce", {static_cast<int64_t>(c10d::OpType::ALLREDUCE), -1, bytes.numel()});
+      std::vector<at::Tensor> byteOuts;
+      for (const auto& o : outs) byteOuts.push_back(legs::bytesOf(o));
+      allgatherFlat("all_reduce", bytes, byteOuts);
+    });
   });
 }
 

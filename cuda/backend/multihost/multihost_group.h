@@ -136,6 +136,7 @@ class MultiHostGroup : public c10d::Backend {
   // queueing it.
   bool captured(Body& body);
   void workerLoop();
+  c10::intrusive_ptr<c10d::Work> allreduceSparse(const at::Tensor& t, RedOp op);  // sparse COO, hier_reductions.cpp
   void setAlgorithm(const char* name);
   void setAllToAllPhases(const SplitMatrix& m, AllToAllHostsForm form);
   // A send/recv work joins the coalesced group while coalescing (batch_isend_irecv waits that).
