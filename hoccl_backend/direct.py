@@ -10,7 +10,8 @@ goes from torch's dispatcher straight to the group's collective on the calling t
 
 It is a registered torch operator (it traces under ``torch.compile``, mutating its argument),
 takes dense CPU tensors of any dtype hoccl reduces, gives the same bits as ``dist.all_reduce``
-on the same group, and raises the same errors for mismatched ranks. Multi-host groups and CUDA
+on the same group, and raises the same errors for mismatched ranks. On a group spanning hosts it
+runs that group's all_reduce and waits (the network, not c10d's path, sets its time there). CUDA
 tensors keep ``dist.all_reduce``.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch.distributed as dist
 
 
 def direct_handle(group=None) -> int:
-    """The int naming ``group`` (a hoccl process group on one host) in the operator."""
+    """The int naming ``group`` (a hoccl process group, on one host or spanning hosts) in the operator."""
     from hoccl_backend import load_extension
     _C = load_extension()
     pg = group or dist.distributed_c10d._get_default_group()
@@ -29,10 +30,10 @@ def direct_handle(group=None) -> int:
     except (RuntimeError, ValueError) as exc:
         raise ValueError("hoccl.direct_handle: the group has no CPU backend; the direct "
                          "all_reduce needs a hoccl group") from exc
-    if not isinstance(backend, _C.ProcessGroupHOCCL):
+    if not isinstance(backend, (_C.ProcessGroupHOCCL, _C.MultiHostGroup)):
         raise ValueError(f"hoccl.direct_handle: the group's CPU backend is "
-                         f"{type(backend).__name__}, not a single-host hoccl group; use "
-                         "dist.all_reduce on it")
+                         f"{type(backend).__name__}, not a single-host hoccl group nor one spanning "
+                         "hosts; use dist.all_reduce on it")
     return backend.direct_handle()
 
 

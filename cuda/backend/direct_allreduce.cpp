@@ -20,10 +20,10 @@ namespace {
 // Handles name groups inside the operator's schema (an int: schemas cannot carry a backend
 // object). Weak references: a destroyed group makes the handle fail, never dangle.
 std::mutex registryMutex;
-std::unordered_map<int64_t, c10::weak_intrusive_ptr<ProcessGroupHOCCL>> registry;
+std::unordered_map<int64_t, c10::weak_intrusive_ptr<c10d::Backend>> registry;
 int64_t nextHandle = 1;
 
-c10::intrusive_ptr<ProcessGroupHOCCL> groupOf(int64_t handle) {
+c10::intrusive_ptr<c10d::Backend> groupOf(int64_t handle) {
   std::lock_guard<std::mutex> lock(registryMutex);
   auto it = registry.find(handle);
   TORCH_CHECK(it != registry.end(), "hoccl all_reduce_: no hoccl group has handle ", handle,
@@ -43,8 +43,15 @@ c10d::ReduceOp reduceOpNamed(c10::string_view name) {
   return c10d::ReduceOp(it->second);
 }
 
+// A group spanning hosts runs its all_reduce and waits: its time is the network's, not c10d's.
 void allReduceOp(at::Tensor& tensor, int64_t group, c10::string_view op) {
-  groupOf(group)->allreduceNow(tensor, reduceOpNamed(op));
+  const c10::intrusive_ptr<c10d::Backend> pg = groupOf(group);
+  const c10d::ReduceOp reduceOp = reduceOpNamed(op);
+  if (auto* hoccl = dynamic_cast<ProcessGroupHOCCL*>(pg.get())) return hoccl->allreduceNow(tensor, reduceOp);
+  std::vector<at::Tensor> tensors{tensor};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = reduceOp;
+  pg->allreduce(tensors, opts)->wait();
 }
 
 // Under torch.compile's fake tensors the operator only mutates its argument in place.
@@ -52,13 +59,13 @@ void allReduceFake(at::Tensor&, int64_t, c10::string_view) {}
 
 }  // namespace
 
-int64_t directHandle(const c10::intrusive_ptr<ProcessGroupHOCCL>& pg) {
+int64_t directHandle(const c10::intrusive_ptr<c10d::Backend>& pg) {
   std::lock_guard<std::mutex> lock(registryMutex);
   for (auto& [handle, weak] : registry) {
     if (weak.lock() == pg) return handle;
   }
   int64_t handle = nextHandle++;
-  registry.emplace(handle, c10::weak_intrusive_ptr<ProcessGroupHOCCL>(pg));
+  registry.emplace(handle, c10::weak_intrusive_ptr<c10d::Backend>(pg));
   return handle;
 }
 

@@ -6,7 +6,8 @@
 
 namespace hoccl {
 
-// The handle torch.ops.hoccl.all_reduce_ names this group by (the same one on every call).
-int64_t directHandle(const c10::intrusive_ptr<ProcessGroupHOCCL>& pg);
+// The handle torch.ops.hoccl.all_reduce_ names this group by (the same one on every call): a
+// ProcessGroupHOCCL, or a group spanning hosts.
+int64_t directHandle(const c10::intrusive_ptr<c10d::Backend>& pg);
 
 }  // namespace hoccl

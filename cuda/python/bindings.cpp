@@ -103,6 +103,8 @@ PYBIND11_MODULE(_C, m) {
                             py::arg("copy_bytes_per_s") = c.copyBytesPerSec);
           },
           "what crossing hosts costs, as plans and all_to_all's form weigh it: the same on every rank")
+      .def("direct_handle", [](const c10::intrusive_ptr<hoccl::MultiHostGroup>& pg) { return hoccl::directHandle(pg); },
+           "the int that names this group in torch.ops.hoccl.all_reduce_(tensor, group, op)")
       .def("hosts", [](const hoccl::MultiHostGroup& g) { return g.layout().table.ranksOf; },
            "ranks of each host, hosts in order of their lowest rank");
 
