@@ -129,7 +129,7 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::alltoall_base(at::Tensor& output,
   return enqueue(c10d::OpType::ALLTOALL_BASE, {output}, [this, in, out, inRows, outRows, op] {
     alltoallBytes(byteBlocks(in, inRows), byteBlocks(out.work, outRows), op);
     out.writeBack();
-  });
+  }, !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> MultiHostGroup::alltoall(std::vector<at::Tensor>& outputs,
@@ -162,7 +162,7 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::alltoall(std::vector<at::Tensor>&
     for (auto& s : outs) o.push_back(legs::bytesOf(s.work));
     alltoallBytes(i, o, op);
     for (auto& s : outs) s.writeBack();
-  });
+  }, !opts.asyncOp);
 }
 
 }  // namespace hoccl

@@ -157,7 +157,7 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::broadcast(std::vector<at::Tensor>
     setAlgorithm("multihost_leaders");
     broadcastFlat("broadcast", legs::bytesOf(s.work), root);
     s.writeBack();
-  });
+  }, !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> MultiHostGroup::allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -189,7 +189,7 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::allgather(std::vector<std::vector
     setAlgorithm(layout_.even ? "multihost_rails" : "multihost_leaders");
     allgatherFlat("all_gather", legs::bytesOf(in), outs);
     for (const auto& s : staged) s.writeBack();
-  });
+  }, !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> MultiHostGroup::_allgather_base(at::Tensor& output, at::Tensor& input,
@@ -217,7 +217,7 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::_allgather_base(at::Tensor& outpu
     setAlgorithm(layout_.even ? "multihost_rails" : "multihost_leaders");
     allgatherFlat("all_gather_into_tensor", legs::bytesOf(in), outs);
     s.writeBack();
-  });
+  }, !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> MultiHostGroup::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputLists,
@@ -353,7 +353,7 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::scatter(std::vector<at::Tensor>& 
   });
 }
 
-c10::intrusive_ptr<c10d::Work> MultiHostGroup::barrier(const c10d::BarrierOptions&) {
+c10::intrusive_ptr<c10d::Work> MultiHostGroup::barrier(const c10d::BarrierOptions& opts) {
   return enqueue(c10d::OpType::BARRIER, {}, [this] {
     agreeOnRail("barrier", {static_cast<int64_t>(c10d::OpType::BARRIER), -1, 0});
     if (runsAsPlan(OpKind::Barrier)) {
@@ -365,7 +365,7 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::barrier(const c10d::BarrierOption
     local("barrier", [&](ProcessGroupHOCCL& g) { return g.barrier(o); });
     if (localRank_ == 0) across("barrier", *groups_.rail, myRail_, [&](c10d::Backend& g) { return g.barrier(o); });
     local("barrier", [&](ProcessGroupHOCCL& g) { return g.barrier(o); });
-  });
+  }, !opts.asyncOp);
 }
 
 void MultiHostGroup::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {

@@ -261,7 +261,7 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::allreduce(std::vector<at::Tensor>
     agreeOnRail("all_reduce", reductionSignature(c10d::OpType::ALLREDUCE, s.work, op));
     allreduceFlat("all_reduce", reducible(s.work).view(-1), op, factor);
     s.writeBack();
-  });
+  }, !opts.asyncOp);
 }
 
 // The same steps as on one host (sparse_allreduce.h), over this group's all_gather: each gather
@@ -301,7 +301,7 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::allreduce_coalesced(std::vector<a
       allreduceFlat("allreduce_coalesced", reducible(s.work).view(-1), op, factor);
       s.writeBack();
     }
-  });
+  }, !opts.asyncOp);
 }
 
 // The root gets the all-reduced value; other ranks keep their input.
@@ -326,7 +326,7 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::reduce(std::vector<at::Tensor>& t
     at::Tensor w = root ? s.work : s.work.clone();
     allreduceFlat("reduce", reducible(w).view(-1), op, factor);
     if (root) s.writeBack();
-  });
+  }, !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> MultiHostGroup::reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -358,7 +358,7 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::reduce_scatter(std::vector<at::Te
     agreeOnRail("reduce_scatter", reductionSignature(c10d::OpType::REDUCE_SCATTER, s.work, op));
     reduceScatterFlat("reduce_scatter", blocks, reducible(s.work).view(-1), op, factor);
     s.writeBack();
-  });
+  }, !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> MultiHostGroup::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,

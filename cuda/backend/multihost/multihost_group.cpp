@@ -149,16 +149,41 @@ at::Tensor MultiHostGroup::scratch(int64_t bytes) {
 }
 
 c10::intrusive_ptr<c10d::Work> MultiHostGroup::enqueue(c10d::OpType type, std::vector<at::Tensor> outputs,
-                                                       Body body) {
+                                                       Body body, bool callerWaits) {
   auto work = c10::make_intrusive<WorkHOCCL>(rank_, type, std::move(outputs));
   if (captured(body)) return work;
   issued_.fetch_add(1);
-  std::lock_guard<std::mutex> lock(mutex_);
-  TORCH_CHECK(!stopping_, "hoccl: rank ", rank_, ": the process group was shut down");
-  if (coalescing_) coalesced_.push_back(work);
-  queue_.emplace_back(work, std::move(body));
-  cv_.notify_one();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    TORCH_CHECK(!stopping_, "hoccl: rank ", rank_, ": the process group was shut down");
+    if (coalescing_) coalesced_.push_back(work);
+    // A caller about to block in wait() gains nothing from the worker and pays two wake-ups,
+    // each up to a scheduler tick on loaded cores. Issue order holds: nothing is queued or running.
+    if (!(callerWaits && queue_.empty() && !busy_ && !coalescing_)) {
+      queue_.emplace_back(work, std::move(body));
+      cv_.notify_one();
+      return work;
+    }
+    busy_ = true;
+  }
+  runTask(work, body);
+  bool wakeWorker;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    busy_ = false;
+    wakeWorker = !queue_.empty() || stopping_;
+  }
+  if (wakeWorker) cv_.notify_one();
   return work;
+}
+
+void MultiHostGroup::runTask(const c10::intrusive_ptr<WorkHOCCL>& work, const Body& body) {
+  try {
+    body();
+    work->complete(nullptr);
+  } catch (...) {
+    work->complete(std::current_exception());
+  }
 }
 
 void MultiHostGroup::workerLoop() {
@@ -166,17 +191,15 @@ void MultiHostGroup::workerLoop() {
     std::pair<c10::intrusive_ptr<WorkHOCCL>, Body> task;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;
+      cv_.wait(lock, [&] { return !busy_ && (stopping_ || !queue_.empty()); });
+      if (queue_.empty()) return;  // stopping and drained
       task = std::move(queue_.front());
       queue_.pop_front();
+      busy_ = true;
     }
-    try {
-      task.second();
-      task.first->complete(nullptr);
-    } catch (...) {
-      task.first->complete(std::current_exception());
-    }
+    runTask(task.first, task.second);
+    std::lock_guard<std::mutex> lock(mutex_);
+    busy_ = false;
   }
 }
 

@@ -120,7 +120,11 @@ class MultiHostGroup : public c10d::Backend {
 
  private:
   using Body = std::function<void()>;
-  c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, std::vector<at::Tensor> outputs, Body body);
+  // callerWaits: the caller blocks in wait() right after (a synchronous op): with nothing queued
+  // or running, the body runs on the caller's thread.
+  c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, std::vector<at::Tensor> outputs, Body body,
+                                         bool callerWaits = false);
+  void runTask(const c10::intrusive_ptr<WorkHOCCL>& work, const Body& body);
 
   // CUDA tensors (cuda_staging.cpp): D2H into pinned host mirrors on the comm stream, the CPU op
   // (`call`, given the mirrors in the order of `inputs` and `outputs`) over them, H2D back.
@@ -222,6 +226,7 @@ class MultiHostGroup : public c10d::Backend {
   std::deque<std::pair<c10::intrusive_ptr<WorkHOCCL>, Body>> queue_;
   bool stopping_ = false;
   bool coalescing_ = false;
+  bool busy_ = false;  // a task is running (on the worker or the caller's thread)
   std::vector<c10::intrusive_ptr<c10d::Work>> coalesced_;
   std::atomic<uint64_t> issued_{0};
   mutable std::mutex stateMutex_;
