@@ -89,6 +89,11 @@ def build_plans(request: dict, world: int | None = None) -> list[dict]:
 # Formatting (as Plan::describe in cuda/common/plan_types.cpp)
 
 
+def net_steps(plan: dict) -> list[tuple]:
+    """A plan's network transfers in order: (kind, peer, bytes) of its Send and Recv steps."""
+    return [(s["kind"], s["peer"], s["bytes"]) for s in plan["steps"] if s["kind"] in ("send", "recv")]
+
+
 def fmt_loc(loc: dict) -> str:
     s, i, b, o = loc["space"], loc["index"], loc["buf"], loc["offset"]
     if s in ("in", "out"):

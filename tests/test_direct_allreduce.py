@@ -127,18 +127,24 @@ def _errors(rank, world, handle, mismatch_breaks_group):
     return out
 
 
+def _check(rank, res, refused_group):
+    """One rank's results of direct_job; refused_group: what direct_handle says of a gloo group."""
+    assert res["mismatches"] == [], (rank, res["mismatches"][:5])
+    assert res["shared"] and res["strided"] and res["compile"], res
+    e = res["errors"]
+    assert "no hoccl group has handle" in e["bad_handle"]
+    assert "unknown op 'median'" in e["bad_op"]
+    assert "all_reduce" in e["sizes"] and f"rank {rank}" in e["sizes"], e["sizes"]
+    assert refused_group in e["gloo_group"]
+    assert e["destroyed"] is not None and ("destroyed" in e["destroyed"]
+                                           or "shut down" in e["destroyed"]), e["destroyed"]
+    return e
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_direct_all_reduce_matches_dist_all_reduce_and_reference(world):
     for rank, res in enumerate(run_ranks(direct_job, world, timeout=240)):
-        assert res["mismatches"] == [], (rank, res["mismatches"][:5])
-        assert res["shared"] and res["strided"] and res["compile"], res
-        e = res["errors"]
-        assert "no hoccl group has handle" in e["bad_handle"]
-        assert "unknown op 'median'" in e["bad_op"]
-        assert "all_reduce" in e["sizes"] and f"rank {rank}" in e["sizes"], e["sizes"]
-        assert "not a single-host hoccl group" in e["gloo_group"]
-        assert e["destroyed"] is not None and ("destroyed" in e["destroyed"]
-                                               or "shut down" in e["destroyed"]), e["destroyed"]
+        _check(rank, res, "not a single-host hoccl group")
 
 
 def test_direct_all_reduce_across_hosts():
@@ -149,13 +155,5 @@ def test_direct_all_reduce_across_hosts():
 
     with Hosts(count=2, ranks=[2, 2]) as hosts:
         for rank, res in enumerate(hosts.run_ranks(direct_job, True, backend="hoccl", pg_timeout=60, timeout=400)):
-            assert res["mismatches"] == [], (rank, res["mismatches"][:5])
-            assert res["shared"] and res["strided"] and res["compile"], res
-            e = res["errors"]
-            assert "no hoccl group has handle" in e["bad_handle"]
-            assert "unknown op 'median'" in e["bad_op"]
-            assert "all_reduce" in e["sizes"] and f"rank {rank}" in e["sizes"], e["sizes"]
+            e = _check(rank, res, "not a single-host hoccl group nor one spanning hosts")
             assert "disagree across hosts" in e["sizes"], e["sizes"]
-            assert "not a single-host hoccl group nor one spanning hosts" in e["gloo_group"]
-            assert e["destroyed"] is not None and ("destroyed" in e["destroyed"]
-                                                   or "shut down" in e["destroyed"]), e["destroyed"]

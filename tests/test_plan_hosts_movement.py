@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from collective_checks import make_input
-from plan_simulator import SimulationError, Simulator, build_plans, expected_outputs, make_blocks
+from plan_simulator import SimulationError, Simulator, build_plans, expected_outputs, make_blocks, net_steps
 
 LAYOUTS = {
     "1host": [0, 0, 0],
@@ -161,10 +161,6 @@ def test_all_gather_host_first(layout):
             req = dict(kind="all_gather", world=world, host_of=host_of, bytes=nbytes // 4 * 4, elem_size=4,
                        slot_bytes=SLOT, net_costs=(message_sec, link, 1e9))
             assert {p["algo"] for p in build_plans(req)} == {algo}, f"{layout} {nbytes} bytes"
-
-
-def net_steps(plan):
-    return [(s["kind"], s["peer"], s["bytes"]) for s in plan["steps"] if s["kind"] in ("send", "recv")]
 
 
 @pytest.mark.parametrize("layout", list(ACROSS), ids=list(ACROSS))

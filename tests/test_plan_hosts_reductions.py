@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from collective_checks import assert_close, make_input
-from plan_simulator import Simulator, build_plans, expected_outputs, make_blocks, run_layout
+from plan_simulator import Simulator, build_plans, expected_outputs, make_blocks, net_steps, run_layout
 
 LAYOUTS = {
     "1host": [0, 0, 0],
@@ -244,10 +244,6 @@ def test_ops_without_a_builder_across_hosts_throw():
                            "slot_bytes": SLOT})
         except Exception as e:  # noqa: BLE001 - the message is what matters
             assert "no plan across hosts" in str(e), str(e)
-
-
-def net_steps(plan):
-    return [(s["kind"], s["peer"], s["bytes"]) for s in plan["steps"] if s["kind"] in ("send", "recv")]
 
 
 @pytest.mark.parametrize("layout", sorted(EVEN))
