@@ -95,6 +95,10 @@ def _run_op(op, buf, group):
         dist.all_to_all_single(buf["out"], buf["x"], group=group)
     elif op == "broadcast":
         dist.broadcast(buf["x"], src=0, group=group)
+    elif op == "gather":  # rank 0 of the job is the root
+        dist.gather(buf["x"], buf["blocks"] if dist.get_rank() == 0 else None, dst=0, group=group)
+    elif op == "scatter":
+        dist.scatter(buf["x"], buf["blocks"] if dist.get_rank() == 0 else None, src=0, group=group)
 
 
 def _buffers(op, nbytes, world, shared=False):
@@ -116,14 +120,18 @@ def _buffers(op, nbytes, world, shared=False):
         return {"x": ones(n)}
     if op == "all_gather":
         return {"x": ones(n // world), "out": empty(n)}
+    if op in ("gather", "scatter"):  # the root's blocks: n bytes in all, as all_gather's output
+        whole = ones(n)
+        return {"x": ones(n // world), "out": whole, "blocks": list(whole.chunk(world))}
     if op == "reduce_scatter":
         return {"x": ones(n), "out": empty(n // world)}
     return {"x": ones(n), "out": empty(n)}
 
 
 def buffer_bytes(op, buf) -> int:
-    """The benchmark's "bytes" for buffers from _buffers (all_gather counts its output)."""
-    return buf["out"].numel() * 4 if op == "all_gather" else buf["x"].numel() * 4
+    """The benchmark's "bytes" for buffers from _buffers (all_gather, gather and scatter count
+    the whole of every rank's block)."""
+    return buf["out"].numel() * 4 if op in ("all_gather", "gather", "scatter") else buf["x"].numel() * 4
 
 
 def _time_round(op, buf, group, iters):

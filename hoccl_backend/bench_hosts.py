@@ -12,9 +12,11 @@ slowest rank), busbw, the bytes that crossed hosts per op (the sum of every host
 counter over the timed loop, read inside each host, divided by the iterations), and:
 
   min    the hierarchical minimum of cross-host bytes (the sum over hosts): all_reduce
-         2(H-1)S, all_gather, reduce_scatter and broadcast (H-1)S, all_to_all S(W-L) for per-rank input S
+         2(H-1)S, all_gather, reduce_scatter and broadcast (H-1)S, gather and scatter S(W-L)/W
+         (rank 0 the root), all_to_all S(W-L) for per-rank input S
          split evenly (S is the buffer as in bench.py; H hosts, L ranks each, W = HL)
-  bound  that minimum's per-host share over the link rate: no schedule finishes sooner
+  bound  that minimum's per-host share over the link rate (gather and scatter: all of it, on the
+         root host's link): no schedule finishes sooner
   t/bnd  time / bound (1.00 = the link is busy the whole time with nothing but needed bytes)
 
 Needs root and iproute2 (CI runs as root); without namespaces it says so and has no counters.
@@ -29,7 +31,7 @@ from hoccl_backend.bench import OPS, _buffers, _run_op, buffer_bytes, bus_factor
 from hoccl_backend.testbed.hosts import IFNAME, Hosts
 
 DEFAULT_SIZES = [1 << 20, 16 << 20, 64 << 20]
-HOST_OPS = [*OPS, "broadcast"]  # broadcast on request (--ops): it compares the paths across hosts
+HOST_OPS = [*OPS, "broadcast", "gather", "scatter"]  # on request (--ops): they compare the paths across hosts
 
 
 def minimum_cross_bytes(op: str, hosts: int, per_host: int, nbytes: int) -> int:
@@ -39,6 +41,8 @@ def minimum_cross_bytes(op: str, hosts: int, per_host: int, nbytes: int) -> int:
         return 2 * (hosts - 1) * nbytes
     if op in ("all_gather", "reduce_scatter", "broadcast"):
         return (hosts - 1) * nbytes
+    if op in ("gather", "scatter"):  # every block of another host than the root's crosses once
+        return nbytes * (world - per_host) // world
     return nbytes * (world - per_host)  # all_to_all: every rank sends (W - L)/W of S off its host
 
 
@@ -117,7 +121,9 @@ def summarize(results, hosts, per_host, ops, sizes, link_gbit):
         for nbytes in sizes:
             n = results[0][("bytes", op, nbytes)]
             minimum = minimum_cross_bytes(op, hosts, per_host, n)
-            bound = minimum / hosts / rate if rate else None
+            # gather and scatter: every crossing byte uses the root host's link
+            share = minimum if op in ("gather", "scatter") else minimum / hosts
+            bound = share / rate if rate else None
             for name in [k[2] for k in results[0] if k[:2] == (op, nbytes)]:
                 per_round = [[rank_result[(op, nbytes, name)][r] for rank_result in results]
                              for r in range(len(results[0][(op, nbytes, name)]))]

@@ -91,8 +91,8 @@ const std::vector<Variable> kTable = {
     {"HOCCL_MULTIHOST_PATH", K::Choice, R::Core, "auto", "auto,legs,plans",
      "across hosts, which collectives run as one plan spanning the hosts (its network steps on the "
      "inter-host engine) instead of legs (separate host and inter-host collectives): auto: the "
-     "reductions (all_reduce, reduce, reduce_scatter), measured at least as fast; plans: every "
-     "collective but send/recv; legs: none"},
+     "reductions (all_reduce, reduce, reduce_scatter), gather and scatter, measured at least as fast; "
+     "plans: every collective but send/recv; legs: none"},
     {"HOCCL_NET_MESSAGE_US", K::Integer, R::Core, "auto", "",
      "across hosts, the network engine's cost per message that all_to_all's cost model uses; auto: measured "
      "when the group is created (the median of eight round trips of an 8-byte message)"},

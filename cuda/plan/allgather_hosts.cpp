@@ -49,7 +49,7 @@ Plan planGatherHosts(const PlanRequest& req) {
   if (hv.host(me) == rootHost) shareThroughSlots(p, req, pieces, n, nullptr);
   for (auto& in : incoming) in.waitAll(p);
   p.waitAll(sends);
-  ensureHostBarrier(p);
+  ensureClosingHostBarrier(p);
   agreeOnBuffers(p, slotRounds(req, pieces, n));
   return p;
 }

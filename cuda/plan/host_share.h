@@ -18,6 +18,13 @@ inline void ensureHostBarrier(Plan& p) {
   if (p.barriers() == 0) p.steps.insert(p.steps.begin(), Step::barrier(Scope::Host));
 }
 
+// The same, last: for a host whose ranks only send to or receive from the root's host (gather,
+// scatter), which then post their transfers at once instead of waiting for the host's last rank
+// (late when its agreement across hosts waited for the root's previous op to drain).
+inline void ensureClosingHostBarrier(Plan& p) {
+  if (p.barriers() == 0) p.steps.push_back(Step::barrier(Scope::Host));
+}
+
 // The largest message a pipelined builder sends at once: req.netChunkBytes rounded down to whole
 // elements, or the whole payload when unlimited.
 inline int64_t netChunk(const PlanRequest& req, int64_t total) {

@@ -314,38 +314,40 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::scatter(std::vector<at::Tensor>& 
                        }))
     return *w;
   checkMultiHostTensor(outputs[0], "scatter", rank_);
-  at::Tensor packed;
+  std::vector<at::Tensor> blocks;  // the root's inputs, contiguous
   if (rank_ == root) {
     TORCH_CHECK(inputs.size() == 1 && (int)inputs[0].size() == size_, "hoccl scatter on rank ", rank_,
                 ": the root expects ", size_, " inputs");
-    std::vector<at::Tensor> parts;
     for (auto& in : inputs[0]) {
       checkMultiHostTensor(in, "scatter", rank_);
       checkSameAs(in, outputs[0], "scatter", rank_, "an input");
-      parts.push_back(legs::bytesOf(in.contiguous()));
+      blocks.push_back(legs::bytesOf(in.contiguous()));
     }
-    packed = at::cat(parts);
   } else {
     TORCH_CHECK(inputs.empty() || inputs[0].empty(), "hoccl scatter on rank ", rank_,
                 ": only the root (rank ", root, ") passes inputs");
-    packed = at::empty({size_ * nbytes(outputs[0])}, outputs[0].options().dtype(at::kByte));
   }
   Staged s(outputs[0]);
-  return enqueue(c10d::OpType::SCATTER, outputs, [this, s, packed, root] {
-    agreeOnRail("scatter", bytesSignature(c10d::OpType::SCATTER, s.work, root));
-    at::Tensor mine = legs::bytesOf(s.work);
-    if (runsAsPlan(OpKind::Scatter)) {
+  if (runsAsPlan(OpKind::Scatter)) {  // the plan reads each block where it is: nothing packed
+    return enqueue(c10d::OpType::SCATTER, outputs, [this, s, blocks, root] {
+      agreeOnRail("scatter", bytesSignature(c10d::OpType::SCATTER, s.work, root));
+      at::Tensor mine = legs::bytesOf(s.work);
       if (mine.numel() == 0) return;
       ProcessGroupHOCCL::HostsOp o{"scatter", OpKind::Scatter, root};
       o.in.assign(size_, nullptr);
-      if (rank_ == root)
-        for (int r = 0; r < size_; ++r) o.in[r] = ptr(packed) + r * mine.numel();
+      for (size_t r = 0; r < blocks.size(); ++r) o.in[r] = ptr(blocks[r]);
       o.out = {ptr(mine)};
       o.bytes = o.numel = mine.numel();
       planned("scatter", [&](ProcessGroupHOCCL& host, int64_t tag) { host.runAcrossHosts(o, tag); });
       s.writeBack();
-      return;
-    }
+    }, !opts.asyncOp);
+  }
+  // The legs broadcast the root's inputs packed in rank order.
+  at::Tensor packed = rank_ == root ? at::cat(blocks)
+                                    : at::empty({size_ * nbytes(outputs[0])}, outputs[0].options().dtype(at::kByte));
+  return enqueue(c10d::OpType::SCATTER, outputs, [this, s, packed, root] {
+    agreeOnRail("scatter", bytesSignature(c10d::OpType::SCATTER, s.work, root));
+    at::Tensor mine = legs::bytesOf(s.work);
     setAlgorithm("multihost_leaders");
     broadcastFlat("scatter", packed, root);
     mine.copy_(packed.narrow(0, rank_ * mine.numel(), mine.numel()));

@@ -122,7 +122,10 @@ bool MultiHostGroup::runsAsPlan(OpKind kind) const {
   switch (path_) {
     case Path::Legs: return false;
     case Path::Plans: return true;
-    case Path::Auto: return kind == OpKind::AllReduce || kind == OpKind::ReduceScatter;
+    // Where the plans measured at least as fast as the legs (docs/multihost.md).
+    case Path::Auto:
+      return kind == OpKind::AllReduce || kind == OpKind::ReduceScatter || kind == OpKind::Gather ||
+             kind == OpKind::Scatter;
   }
   return false;
 }
