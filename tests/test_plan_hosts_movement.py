@@ -164,6 +164,38 @@ def test_all_gather_host_first(layout):
 
 
 @pytest.mark.parametrize("layout", list(ACROSS), ids=list(ACROSS))
+def test_gather_and_scatter_go_straight_between_root_and_ranks(layout):
+    """scatter: the root sends each rank of another host its block, straight into that rank's
+    output; gather: each such rank sends its block straight into the root's output. Ranks of other
+    hosts exchange messages with the root only, stage nothing, and post their transfers before
+    any barrier (their one host barrier closes the plan)."""
+    host_of = ACROSS[layout]
+    world = len(host_of)
+    for root in sorted({0, world // 2, world - 1}):
+        for kind in ("scatter", "gather"):
+            n, chunk = 17, 24
+            inputs = inputs_for(kind, world, n, root, 800 + root)
+            req = dict(bytes=n * 4, elem_size=4, slot_bytes=SLOT, root=root, net_chunk_bytes=chunk,
+                       net_costs=FREE_MESSAGES)
+            what = f"{kind} {layout} root={root}"
+            plans = simulate(kind, host_of, inputs, req, what=what)
+            messages = -(-n * 4 // chunk)
+            for r, p in enumerate(plans):
+                steps = p["steps"]
+                if host_of[r] == host_of[root]:
+                    continue
+                net = [s for s in steps if s["kind"] in ("send", "recv")]
+                assert {s["peer"] for s in net} == {root}, f"{what}: rank {r} talks to {[s['peer'] for s in net]}"
+                assert [s["kind"] for s in net] == [("recv" if kind == "scatter" else "send")] * messages, what
+                locs = [l for s in steps for l in (s.get("src"), s.get("dst")) if l]
+                assert not any(l["space"] == "slot" for l in locs), f"{what}: rank {r} stages"
+                kinds = [s["kind"] for s in steps]
+                assert kinds.index("barrier") > kinds.index(net[0]["kind"]), f"{what}: rank {r} waits before posting"
+            root_sends = [s for s in plans[root]["steps"] if s["kind"] == ("send" if kind == "scatter" else "recv")]
+            assert sorted({s["peer"] for s in root_sends}) == [q for q in range(world) if host_of[q] != host_of[root]], what
+
+
+@pytest.mark.parametrize("layout", list(ACROSS), ids=list(ACROSS))
 def test_all_gather_rail_reading_peers_directly(layout):
     """The rail form where a host's ranks read each other's memory (host_reads_peers): readers copy
     own blocks from owners' inputs and received blocks from owners' outputs, in rounds that follow
