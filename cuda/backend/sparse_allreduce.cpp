@@ -115,8 +115,7 @@ void sparseAllreduce(const at::Tensor& tensor, RedOp op, int rank, int world, co
   at::Tensor sum = at::sparse_coo_tensor(sumIndices, sumValues, tensor.sizes()).coalesce();
   if (op == RedOp::Avg) sum._values().div_(world);  // after summing, as the dense AVG does
   // copy_ between sparse tensors replaces indices and values: the caller's tensor becomes the sum.
-  at::Tensor out = tensor;
-  out.copy_(sum);
+  tensor.copy_(sum);
 }
 
 void ProcessGroupHOCCL::runSparseAllreduce(at::Tensor tensor, RedOp op) {

@@ -264,14 +264,17 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::allreduce(std::vector<at::Tensor>
   }, !opts.asyncOp);
 }
 
-// The same steps as on one host (sparse_allreduce.h), over this group's all_gather: each gather
-// agrees on its block's bytes across hosts first, like every collective here.
+// The same steps as on one host (sparse_allreduce.h), over this group's all_gather. The first
+// gather (the fixed-size header) agrees across hosts first, like every collective here; the
+// later ones take their sizes from the headers every rank has checked, so they agree already.
 c10::intrusive_ptr<c10d::Work> MultiHostGroup::allreduceSparse(const at::Tensor& t, RedOp op) {
   checkSparseAllreduce(t, op, rank_);
   return enqueue(c10d::OpType::ALLREDUCE, {t}, [this, t, op] {
-    sparseAllreduce(t, op, rank_, size_, [this](const at::Tensor& block, const std::vector<at::Tensor>& outs) {
+    bool agreed = false;
+    sparseAllreduce(t, op, rank_, size_, [this, &agreed](const at::Tensor& block, const std::vector<at::Tensor>& outs) {
       const at::Tensor bytes = legs::bytesOf(block);
-      agreeOnRail("all_reduce", {static_cast<int64_t>(c10d::OpType::ALLREDUCE), -1, bytes.numel()});
+      if (!agreed) agreeOnRail("all_reduce", {static_cast<int64_t>(c10d::OpType::ALLREDUCE), -1, bytes.numel()});
+      agreed = true;
       std::vector<at::Tensor> byteOuts;
       for (const auto& o : outs) byteOuts.push_back(legs::bytesOf(o));
       allgatherFlat("all_reduce", bytes, byteOuts);
