@@ -35,9 +35,11 @@ class NetTransport {
   // until wait() returns or cancel() has run for the handle.
   virtual Handle isend(int peer, int64_t tag, const void* data, size_t bytes) = 0;
   virtual Handle irecv(int peer, int64_t tag, void* data, size_t bytes) = 0;
-  // Blocks until the transfer is done. `check` runs periodically while blocked and throws on the
-  // group's timeout or abort; a failed transfer (lost peer, or a size mismatch where the engine
-  // checks sizes) throws here.
+  // Blocks until the transfer is done. `check` throws on the group's abort: an engine runs it
+  // before blocking, and may run it again while blocked if its waits can poll (a check that fires
+  // cannot free the memory sooner: the transfer is still waited out, see cancel). A failed
+  // transfer (lost peer, the engine's timeout, a size mismatch where the engine checks sizes)
+  // throws here.
   virtual void wait(Handle h, const std::function<void(int waitingFor)>& check) = 0;
   // On a failure path, before the memory of an unfinished transfer is freed: makes sure nothing
   // touches that memory any more (withdraws a recv that has not started, or waits the transfer

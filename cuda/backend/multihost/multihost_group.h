@@ -167,6 +167,8 @@ class MultiHostGroup : public c10d::Backend {
 
   // Cross-host agreement (agreement.cpp): raise on every member of a leg whose arguments differ.
   void agreeOnRail(const char* op, const OpSignature& mine);
+  // `bytes` of this rank's to every member of its rail, `all` in rail order (this rank's too).
+  void exchangeOnRail(const char* op, const void* mine, void* all, int64_t bytes);
   // all_to_all: every rank's bytes to and from every rank, gathered on every rank; with `check`,
   // raises where a sender and its receiver disagree.
   SplitMatrix exchangeSplits(const char* op, const std::vector<int64_t>& sendBytes,

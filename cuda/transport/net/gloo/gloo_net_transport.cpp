@@ -3,6 +3,7 @@
 #include <pthread.h>
 
 #include <condition_variable>
+#include <algorithm>
 #include <deque>
 #include <stdexcept>
 #include <thread>
@@ -16,9 +17,16 @@ struct GlooNetTransport::Transfer {
   size_t bytes = 0;
   at::Tensor view;  // the caller's bytes
   c10::intrusive_ptr<c10d::Work> work;
-  std::chrono::steady_clock::time_point waitStarted;  // when a waiter thread began the blocking wait
+  // gloo's budget for the transfer runs from here, whichever thread waits and when.
+  std::chrono::steady_clock::time_point deadline;
 
-  bool started = false;   // a waiter thread owns the blocking wait
+  // What is left of the budget, as gloo's wait takes it (0 would mean gloo's own default).
+  std::chrono::milliseconds remaining() const {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    return std::max(left, std::chrono::milliseconds(1));
+  }
+
+  bool started = false;   // a thread (a waiter, or wait()'s caller) owns the blocking wait
   bool finished = false;  // the work's wait returned or threw (error)
   std::exception_ptr error;
 };
@@ -37,7 +45,6 @@ struct GlooNetTransport::Waiters : std::enable_shared_from_this<Waiters> {
   // ones exist (a blocked wait must not hold up a transfer the caller needs first).
   void submit(const std::shared_ptr<Transfer>& t) {
     t->started = true;
-    t->waitStarted = std::chrono::steady_clock::now();
     jobs.push_back(t);
     if (jobs.size() > idle) std::thread([self = shared_from_this()] { self->loop(); }).detach();
     jobsReady.notify_one();
@@ -56,7 +63,7 @@ struct GlooNetTransport::Waiters : std::enable_shared_from_this<Waiters> {
       lock.unlock();
       std::exception_ptr error;
       try {
-        t->work->wait();  // bounded by the framed engine's timeout
+        t->work->wait(t->remaining());
       } catch (...) {
         error = std::current_exception();
       }
@@ -158,13 +165,7 @@ GlooNetTransport::Handle GlooNetTransport::isend(int peer, int64_t /*tag: ordere
   } catch (const std::exception& e) {
     throw NetTransportError(describe(*t) + ": " + reasonOf(firstLine(e)));
   }
-  // A send's gloo timeout counts from the start of its blocking wait: start it now, so that every
-  // send of a plan gives up at about the same moment when a link is cut, and a failure path that
-  // settles the others (cancel) does not wait a whole timeout again for each.
-  {
-    std::lock_guard<std::mutex> lock(waiters_->mutex);
-    waiters_->submit(t);
-  }
+  t->deadline = std::chrono::steady_clock::now() + framed_->timeout();
   return add(std::move(t));
 }
 
@@ -182,11 +183,7 @@ GlooNetTransport::Handle GlooNetTransport::irecv(int peer, int64_t /*tag: ordere
     if (!reason.empty()) throw std::runtime_error(describe(*t) + ": the transport was aborted: " + reason);
     throw NetTransportError(describe(*t) + ": " + reasonOf(firstLine(e)));
   }
-  // Like a send's: gloo's budget starts now, so a cut link fails every transfer of a plan at once.
-  {
-    std::lock_guard<std::mutex> lock(waiters_->mutex);
-    waiters_->submit(t);
-  }
+  t->deadline = std::chrono::steady_clock::now() + framed_->timeout();
   return add(std::move(t));
 }
 
@@ -203,27 +200,48 @@ void GlooNetTransport::fail(const Transfer& t, std::exception_ptr error) const {
 void GlooNetTransport::wait(Handle h, const std::function<void(int waitingFor)>& check) {
   std::shared_ptr<Transfer> t = take(h);
   if (!t) throw std::logic_error("hoccl: wait on an unknown network transfer handle " + std::to_string(h));
-  Waiters& w = *waiters_;
-  std::unique_lock<std::mutex> lock(w.mutex);
-  if (!t->started) w.submit(t);
-  while (!w.finished.wait_for(lock, kWaitSlice, [&] { return t->finished; })) {
-    lock.unlock();
-    try {
-      if (check) check(t->peer);
-      const std::string reason = aborted();
-      if (!reason.empty()) throw std::runtime_error(describe(*t) + ": the transport was aborted: " + reason);
-    } catch (...) {
-      // The caller gives up on the transfer: make its memory free before saying so.
-      settle(t);
-      throw;
-    }
-    lock.lock();
+  {
+    std::lock_guard<std::mutex> lock(waiters_->mutex);
+    t->started = true;
   }
-  if (t->error) {
-    std::exception_ptr error = t->error;
-    lock.unlock();
-    fail(*t, error);
+  try {
+    if (check) check(t->peer);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!aborted_.empty()) throw std::runtime_error(describe(*t) + ": the transport was aborted: " + aborted_);
+    waiting_.push_back(t);
+  } catch (...) {
+    unstart(t);
+    settle(t);
+    throw;
   }
+  std::exception_ptr error;
+  bool done = false;
+  try {
+    done = t->work->wait(t->remaining());
+  } catch (...) {
+    error = std::current_exception();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    waiting_.erase(std::find(waiting_.begin(), waiting_.end(), t));
+  }
+  {
+    std::lock_guard<std::mutex> lock(waiters_->mutex);
+    t->finished = done || error;
+    t->error = error;
+  }
+  if (error) fail(*t, error);
+  if (done) return;
+  // abort() cut the wait short; gloo may still move the bytes, so a waiter thread waits them out
+  // before the caller hears (and may free the memory).
+  unstart(t);
+  settle(t);
+  throw std::runtime_error(describe(*t) + ": the transport was aborted: " + aborted());
+}
+
+void GlooNetTransport::unstart(const std::shared_ptr<Transfer>& t) {
+  std::lock_guard<std::mutex> lock(waiters_->mutex);
+  t->started = false;
 }
 
 void GlooNetTransport::settle(const std::shared_ptr<Transfer>& t) {
@@ -232,7 +250,7 @@ void GlooNetTransport::settle(const std::shared_ptr<Transfer>& t) {
   // gloo's own budget for the blocking wait counts from its start (a send's from its post): the
   // bound follows it, so settling never returns while gloo may still write into the memory.
   if (!t->started) w.submit(t);
-  const auto bound = t->waitStarted + framed_->timeout() + std::chrono::seconds(1);
+  const auto bound = t->deadline + std::chrono::seconds(1);
   w.finished.wait_until(lock, bound, [&] { return t->finished; });
 }
 
@@ -248,8 +266,12 @@ void GlooNetTransport::abort(const std::string& reason) {
     if (aborted_.empty()) aborted_ = reason.empty() ? "aborted" : reason;
   }
   framed_->stop(reason);
-  std::lock_guard<std::mutex> lock(waiters_->mutex);
-  waiters_->finished.notify_all();
+  std::vector<std::shared_ptr<Transfer>> waiting;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    waiting = waiting_;
+  }
+  for (const auto& t : waiting) t->work->abort();  // the blocked wait returns false
 }
 
 }  // namespace hoccl

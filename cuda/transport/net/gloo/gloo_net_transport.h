@@ -7,11 +7,14 @@
 // gloo checks no sizes (net_transport.h). Byte ranges travel as uint8 views of the caller's memory
 // (at::from_blob), never copied.
 //
-// gloo's waits cannot poll (a wait that expires breaks the whole gloo context), so every transfer's
-// blocking wait goes to a waiter thread when it is posted (gloo's budget then runs from the post,
-// and a cut link fails every transfer of a plan at about the same moment); wait() waits for its
-// answer in slices of kWaitSlice, calling `check` between them. Waiter threads are pooled (one per transfer being waited at once) and outlive this object
-// only as long as a wait they hold.
+// gloo's waits cannot poll (a wait that expires breaks the whole gloo context), so wait() runs the
+// caller's `check` once and blocks in gloo on the caller's thread: one wake-up per message (a helper
+// thread that woke the caller after gloo woke it cost a second one). Checking while blocked would
+// not end the wait sooner: a transfer given up on must be waited out before its memory is free.
+// gloo's budget runs from the post whoever waits, so a cut link fails every transfer of a plan at
+// about the same moment; abort() ends blocked waits (gloo's abortWaitSend/Recv). Transfers given
+// up on are waited out by pooled waiter threads (see cancel), which outlive this object only as
+// long as a wait they hold.
 #pragma once
 #include <chrono>
 #include <functional>
@@ -19,6 +22,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "transport/net/gloo/framed_p2p.h"
 #include "transport/net_transport.h"
@@ -29,7 +33,6 @@ class GlooNetTransport : public NetTransport {
  public:
   // How errors name a peer, e.g. "rank 3 on host 'b' (ranks 2, 3)"; the creator supplies it.
   using PeerNamer = std::function<std::string(int peer)>;
-  static constexpr std::chrono::milliseconds kWaitSlice{10};
 
   GlooNetTransport(std::shared_ptr<FramedP2P> framed, int world, PeerNamer peerName);
   ~GlooNetTransport() override;
@@ -38,9 +41,11 @@ class GlooNetTransport : public NetTransport {
   int world() const override { return world_; }
   Handle isend(int peer, int64_t tag, const void* data, size_t bytes) override;
   Handle irecv(int peer, int64_t tag, void* data, size_t bytes) override;
-  // Throws NetTransportError naming the peer when gloo fails or the engine's timeout (the group's,
-  // FramedP2P::timeout) passes; std::runtime_error after abort(). When `check` throws, the transfer is cancelled (see cancel) before it rethrows,
-  // so the caller may free the memory.
+  // Blocks on the caller's thread. Throws NetTransportError naming the peer when gloo fails or
+  // the engine's timeout (the group's, FramedP2P::timeout, from the post) passes;
+  // std::runtime_error after abort(). `check` (may be empty) runs once, before blocking; when it
+  // throws, or abort() ends the wait, the transfer is waited out (see cancel) before wait()
+  // throws, so the caller may free the memory.
   void wait(Handle h, const std::function<void(int waitingFor)>& check) override;
   // The transfer is waited out, at most the engine's timeout (plus a second) from its post; errors
   // are ignored. Unknown handles are ignored.
@@ -59,7 +64,8 @@ class GlooNetTransport : public NetTransport {
 
   Handle add(std::shared_ptr<Transfer> t);
   std::shared_ptr<Transfer> take(Handle h);
-  // Waits `t` out, at most the engine's timeout plus a second, ignoring its error.
+  void unstart(const std::shared_ptr<Transfer>& t);  // a waiter thread may wait it out again
+  // Waits `t` out, until a second past its deadline, ignoring its error.
   void settle(const std::shared_ptr<Transfer>& t);
   [[noreturn]] void fail(const Transfer& t, std::exception_ptr error) const;
   std::string describe(const Transfer& t) const;
@@ -73,6 +79,7 @@ class GlooNetTransport : public NetTransport {
 
   mutable std::mutex mutex_;
   std::unordered_map<Handle, std::shared_ptr<Transfer>> transfers_;
+  std::vector<std::shared_ptr<Transfer>> waiting_;  // blocked in wait(), for abort()
   Handle next_ = 0;
   std::string aborted_;
 };
