@@ -75,9 +75,10 @@ def _check_clean(hosts):
             assert hosts.shm_files(h) == [], f"host {h} kept {hosts.shm_files(h)}"
 
 
-# Both paths across hosts: the legs and one plan per collective (issue 31's path), against the
-# same references; the default (auto: the reductions as plans, the rest as legs) mixes the two
-# in one job, checked on 2x2 and on the interleaved placement (and by every test that sets none).
+# Both paths across hosts: the legs (all_gather, broadcast and all_to_all still have them; every
+# other collective is a plan on every path) and one plan per collective (issue 31's path), against
+# the same references; the default (auto: those three as legs) mixes the two in one job, checked
+# on 2x2 and on the interleaved placement (and by every test that sets none).
 PATHS = ["legs", "plans"]
 LAYOUTS = [([2, 2], "1"), ([2, 1, 2], "1"), ([1, 1], "0")]
 LAYOUT_IDS = ["2x2", "3hosts-2-1-2", "2x1-unchecked"]
@@ -396,7 +397,9 @@ def test_send_recv_size_mismatch_across_hosts_raises_on_the_receiver():
     print({name: value[1] for name, value in receiver.items()})
 
 
-def all_reduce_until_failure(rank, world, started_dir):
+def collectives_until_failure(rank, world, started_dir):
+    """all_reduce (a plan on every path) and all_gather_into_tensor (legs on the legs path) in turn
+    until one raises."""
     import torch
     import torch.distributed as dist
 
@@ -404,11 +407,13 @@ def all_reduce_until_failure(rank, world, started_dir):
     with open(os.path.join(started_dir, f"rank{rank}"), "w") as f:
         f.write(str(os.getpid()))
     t = torch.ones(1 << 18)
+    gathered = torch.empty(world << 16)
     started = time.monotonic()
     while time.monotonic() - started < 300:
         try:
             dist.all_reduce(t)
             t.fill_(1.0)
+            dist.all_gather_into_tensor(gathered, t[: 1 << 16])
         except Exception as e:  # noqa: BLE001 - what the survivor saw is the result
             return ("raised", str(e), time.monotonic())
     return ("no error", "", time.monotonic())
@@ -418,7 +423,7 @@ def all_reduce_until_failure(rank, world, started_dir):
 def test_killed_host_is_named_by_every_survivor(tmp_path, path):
     pg_timeout = 20
     with Hosts(count=2, ranks=[2, 2]) as hosts:
-        job = hosts.start(all_reduce_until_failure, str(tmp_path), backend="hoccl", pg_timeout=pg_timeout,
+        job = hosts.start(collectives_until_failure, str(tmp_path), backend="hoccl", pg_timeout=pg_timeout,
                           env={"HOCCL_MULTIHOST_PATH": path})
         wait_for_files(tmp_path, hosts.world, timeout=120)
         time.sleep(1.0)  # well inside the loop of all_reduces
@@ -442,7 +447,7 @@ def test_cut_link_raises_within_the_timeout(tmp_path, path):
         if not hosts.isolated:
             print(f"process-group hosts have no link to cut; {hosts.describe()}")
             return
-        job = hosts.start(all_reduce_until_failure, str(tmp_path), backend="hoccl", pg_timeout=pg_timeout,
+        job = hosts.start(collectives_until_failure, str(tmp_path), backend="hoccl", pg_timeout=pg_timeout,
                           env={"HOCCL_MULTIHOST_PATH": path})
         wait_for_files(tmp_path, hosts.world, timeout=120)
         time.sleep(1.0)

@@ -86,13 +86,12 @@ const std::vector<Variable> kTable = {
      "across hosts, all_reduce up to this size goes through one leader per host (latency); larger ones along "
      "every rail (bandwidth)"},
     {"HOCCL_CHECK_ACROSS_HOSTS", K::Choice, R::Core, "1", "0,1",
-     "across hosts, every collective first checks that its arguments agree on every host (one small gloo "
-     "all_gather on the rail); 0 skips it: a mismatch then ends a process inside gloo"},
+     "across hosts, every collective first checks that its arguments agree on every host (one small "
+     "message each way per rail peer); 0 skips it: a mismatch then ends a process inside gloo"},
     {"HOCCL_MULTIHOST_PATH", K::Choice, R::Core, "auto", "auto,legs,plans",
-     "across hosts, which collectives run as one plan spanning the hosts (its network steps on the "
-     "inter-host engine) instead of legs (separate host and inter-host collectives): auto: the "
-     "reductions (all_reduce, reduce, reduce_scatter), gather and scatter, measured at least as fast; "
-     "plans: every collective but send/recv; legs: none"},
+     "across hosts, every collective but send/recv runs as one plan spanning the hosts (its network "
+     "steps on the inter-host engine), except all_gather, broadcast and all_to_all, which auto and legs "
+     "still run as legs (separate host and inter-host collectives); plans: those too"},
     {"HOCCL_NET_MESSAGE_US", K::Integer, R::Core, "auto", "",
      "across hosts, the network engine's cost per message that all_to_all's cost model uses; auto: measured "
      "when the group is created (the median of eight round trips of an 8-byte message)"},

@@ -275,26 +275,14 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::gather(std::vector<std::vector<at
                  [this, staged, in, root] {
                    agreeOnRail("gather", bytesSignature(c10d::OpType::GATHER, in, root));
                    const int64_t n = legs::bytesOf(in).numel();
-                   if (runsAsPlan(OpKind::Gather)) {
-                     if (n == 0) return;
-                     ProcessGroupHOCCL::HostsOp o{"gather", OpKind::Gather, root};
-                     o.in = {ptr(in)};
-                     o.out.assign(size_, nullptr);
-                     for (size_t r = 0; r < staged.size(); ++r) o.out[r] = ptr(staged[r].work);
-                     o.bytes = o.numel = n;
-                     planned("gather", [&](ProcessGroupHOCCL& host, int64_t tag) { host.runAcrossHosts(o, tag); });
-                     for (const auto& st : staged) st.writeBack();
-                     return;
-                   }
-                   at::Tensor all = at::empty({size_ * n}, in.options().dtype(at::kByte));
-                   std::vector<at::Tensor> outs;
-                   for (int r = 0; r < size_; ++r) outs.push_back(all.narrow(0, r * n, n));
-                   setAlgorithm(layout_.even ? "multihost_rails" : "multihost_leaders");
-                   allgatherFlat("gather", legs::bytesOf(in), outs);
-                   for (size_t r = 0; r < staged.size(); ++r) {
-                     legs::bytesOf(staged[r].work).copy_(outs[r]);
-                     staged[r].writeBack();
-                   }
+                   if (n == 0) return;
+                   ProcessGroupHOCCL::HostsOp o{"gather", OpKind::Gather, root};
+                   o.in = {ptr(in)};
+                   o.out.assign(size_, nullptr);
+                   for (size_t r = 0; r < staged.size(); ++r) o.out[r] = ptr(staged[r].work);
+                   o.bytes = o.numel = n;
+                   planned("gather", [&](ProcessGroupHOCCL& host, int64_t tag) { host.runAcrossHosts(o, tag); });
+                   for (const auto& st : staged) st.writeBack();
                  });
 }
 
@@ -328,45 +316,26 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::scatter(std::vector<at::Tensor>& 
                 ": only the root (rank ", root, ") passes inputs");
   }
   Staged s(outputs[0]);
-  if (runsAsPlan(OpKind::Scatter)) {  // the plan reads each block where it is: nothing packed
-    return enqueue(c10d::OpType::SCATTER, outputs, [this, s, blocks, root] {
-      agreeOnRail("scatter", bytesSignature(c10d::OpType::SCATTER, s.work, root));
-      at::Tensor mine = legs::bytesOf(s.work);
-      if (mine.numel() == 0) return;
-      ProcessGroupHOCCL::HostsOp o{"scatter", OpKind::Scatter, root};
-      o.in.assign(size_, nullptr);
-      for (size_t r = 0; r < blocks.size(); ++r) o.in[r] = ptr(blocks[r]);
-      o.out = {ptr(mine)};
-      o.bytes = o.numel = mine.numel();
-      planned("scatter", [&](ProcessGroupHOCCL& host, int64_t tag) { host.runAcrossHosts(o, tag); });
-      s.writeBack();
-    }, !opts.asyncOp);
-  }
-  // The legs broadcast the root's inputs packed in rank order.
-  at::Tensor packed = rank_ == root ? at::cat(blocks)
-                                    : at::empty({size_ * nbytes(outputs[0])}, outputs[0].options().dtype(at::kByte));
-  return enqueue(c10d::OpType::SCATTER, outputs, [this, s, packed, root] {
+  // The plan reads each of the root's blocks where it is: nothing is packed.
+  return enqueue(c10d::OpType::SCATTER, outputs, [this, s, blocks, root] {
     agreeOnRail("scatter", bytesSignature(c10d::OpType::SCATTER, s.work, root));
     at::Tensor mine = legs::bytesOf(s.work);
-    setAlgorithm("multihost_leaders");
-    broadcastFlat("scatter", packed, root);
-    mine.copy_(packed.narrow(0, rank_ * mine.numel(), mine.numel()));
+    if (mine.numel() == 0) return;
+    ProcessGroupHOCCL::HostsOp o{"scatter", OpKind::Scatter, root};
+    o.in.assign(size_, nullptr);
+    for (size_t r = 0; r < blocks.size(); ++r) o.in[r] = ptr(blocks[r]);
+    o.out = {ptr(mine)};
+    o.bytes = o.numel = mine.numel();
+    planned("scatter", [&](ProcessGroupHOCCL& host, int64_t tag) { host.runAcrossHosts(o, tag); });
     s.writeBack();
-  });
+  }, !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> MultiHostGroup::barrier(const c10d::BarrierOptions& opts) {
   return enqueue(c10d::OpType::BARRIER, {}, [this] {
     agreeOnRail("barrier", {static_cast<int64_t>(c10d::OpType::BARRIER), -1, 0});
-    if (runsAsPlan(OpKind::Barrier)) {
-      ProcessGroupHOCCL::HostsOp b{"barrier", OpKind::Barrier};
-      planned("barrier", [&](ProcessGroupHOCCL& host, int64_t tag) { host.runAcrossHosts(b, tag); });
-      return;
-    }
-    c10d::BarrierOptions o;
-    local("barrier", [&](ProcessGroupHOCCL& g) { return g.barrier(o); });
-    if (localRank_ == 0) across("barrier", *groups_.rail, myRail_, [&](c10d::Backend& g) { return g.barrier(o); });
-    local("barrier", [&](ProcessGroupHOCCL& g) { return g.barrier(o); });
+    ProcessGroupHOCCL::HostsOp b{"barrier", OpKind::Barrier};
+    planned("barrier", [&](ProcessGroupHOCCL& host, int64_t tag) { host.runAcrossHosts(b, tag); });
   }, !opts.asyncOp);
 }
 

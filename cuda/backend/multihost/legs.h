@@ -1,5 +1,4 @@
-// Small helpers the multi-host algorithms share: c10d options for one leg, byte views, the
-// reduce op a leg runs.
+// Small helpers the multi-host legs share: c10d options for one leg, byte views, draining.
 #pragma once
 #include <ATen/ATen.h>
 #include <algorithm>
@@ -7,34 +6,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <vector>
 
-#include "common/reduce_kernels.h"
-
 namespace hoccl::legs {
-
-// The op a partial reduction runs: sums of every kind add (hoccl scales once, at the end).
-inline c10d::ReduceOp partialOp(RedOp op) {
-  switch (op) {
-    case RedOp::Product: return c10d::ReduceOp::PRODUCT;
-    case RedOp::Min: return c10d::ReduceOp::MIN;
-    case RedOp::Max: return c10d::ReduceOp::MAX;
-    case RedOp::BitAnd: return c10d::ReduceOp::BAND;
-    case RedOp::BitOr: return c10d::ReduceOp::BOR;
-    case RedOp::BitXor: return c10d::ReduceOp::BXOR;
-    default: return c10d::ReduceOp::SUM;
-  }
-}
-
-inline c10d::AllreduceOptions allreduceOpts(RedOp op) {
-  c10d::AllreduceOptions o;
-  o.reduceOp = partialOp(op);
-  return o;
-}
-
-inline c10d::ReduceScatterOptions reduceScatterOpts(RedOp op) {
-  c10d::ReduceScatterOptions o;
-  o.reduceOp = partialOp(op);
-  return o;
-}
 
 inline c10d::BroadcastOptions broadcastOpts(int root) {
   c10d::BroadcastOptions o;
@@ -47,10 +19,6 @@ inline at::Tensor bytesOf(const at::Tensor& t) {
   return t.view(-1).view(at::kByte);
 }
 
-inline bool halfWidth(const at::Tensor& t) {
-  return t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16;
-}
-
 // Elements per chunk of a pipelined form: 1/8 of the buffer, at least 1 MiB, a multiple of
 // `multiple` (so that every chunk but the last splits evenly across a host's ranks).
 inline int64_t pipelineChunk(int64_t n, int64_t elementSize, int64_t multiple) {
@@ -58,10 +26,6 @@ inline int64_t pipelineChunk(int64_t n, int64_t elementSize, int64_t multiple) {
   const int64_t chunk = std::max(least, (n + 7) / 8);
   return (chunk + multiple - 1) / multiple * multiple;
 }
-
-}  // namespace hoccl::legs
-
-namespace hoccl::legs {
 
 // Waits for every transfer, ignoring their errors: on a failure path, before the buffers the
 // transfers write into can be freed.
@@ -72,19 +36,6 @@ inline void drain(const std::vector<c10::intrusive_ptr<c10d::Work>>& works) {
       w->wait();
     } catch (...) {
     }
-  }
-}
-
-// The dtype a tensor crosses hosts in: fp16/bf16 accumulate in float; integer types gloo does
-// not reduce go as a wider integer (wrap-around sums and products truncate back exactly).
-inline at::ScalarType acrossDtype(at::ScalarType t) {
-  switch (t) {
-    case at::kHalf:
-    case at::kBFloat16: return at::kFloat;
-    case at::kShort:
-    case at::kUInt16: return at::kInt;
-    case at::kUInt32: return at::kLong;
-    default: return t;
   }
 }
 

@@ -119,15 +119,10 @@ MultiHostGroup::Path MultiHostGroup::pathSetting(const std::string& setting) {
 }
 
 bool MultiHostGroup::runsAsPlan(OpKind kind) const {
-  switch (path_) {
-    case Path::Legs: return false;
-    case Path::Plans: return true;
-    // Where the plans measured at least as fast as the legs (docs/multihost.md).
-    case Path::Auto:
-      return kind == OpKind::AllReduce || kind == OpKind::ReduceScatter || kind == OpKind::Gather ||
-             kind == OpKind::Scatter;
-  }
-  return false;
+  // The other collectives have no legs any more. On the legs in auto: these three measured
+  // slower as plans at some sizes (docs/multihost.md).
+  const bool hasLegs = kind == OpKind::AllGather || kind == OpKind::Broadcast || kind == OpKind::AllToAll;
+  return !hasLegs || path_ == Path::Plans;
 }
 
 std::vector<TransferPhase> MultiHostGroup::lastAllToAllPhases() const {

@@ -1,11 +1,13 @@
-// The hoccl backend of a group whose ranks sit on more than one host. Every collective is
-// composed of legs: inside a host on an ordinary (single-host) hoccl group over the host's ranks,
-// across hosts on torch's ProcessGroupGloo groups that the Python creator made and this object
-// owns: one per rail (the ranks with the same local index on each host; rail 0 is the host
-// leaders), one over every rank for collectives without a hierarchical form, one for send/recv (framed with
-// a size check, see transport/net/gloo/framed_p2p.h).
-// Legs run in issue order on one worker thread, so every gloo group sees its ops in the same
-// order on every member. The algorithms and their choice rule are in docs/multihost.md.
+// The hoccl backend of a group whose ranks sit on more than one host. Every collective but
+// all_gather, broadcast and all_to_all in auto runs as one plan across hosts, which the group of
+// this host's ranks executes (planned.cpp, backend/across_hosts.cpp): steps inside the host on its
+// shared memory, network steps on the gloo network engine. Those three may still run as legs:
+// inside a host on that local group, across hosts on torch's ProcessGroupGloo groups that the
+// Python creator made and this object owns: one per rail (the ranks with the same local index on
+// each host; rail 0 is the host leaders), one over every rank, one for send/recv (framed with a
+// size check, see transport/net/gloo/framed_p2p.h). Ops run in issue order on one worker thread
+// (or the caller's), so every gloo group sees its ops in the same order on every member. The
+// algorithms and their choice rule are in docs/multihost.md.
 #pragma once
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -178,16 +180,11 @@ class MultiHostGroup : public c10d::Backend {
 
   // Algorithms (worker thread). `flat` tensors are contiguous and one-dimensional.
   void allreduceFlat(const char* op, const at::Tensor& flat, RedOp redOp, double factor);
-  void allreduceRails(const char* op, const at::Tensor& flat, RedOp redOp, double factor);
-  void allreduceLeaders(const char* op, const at::Tensor& flat, RedOp redOp, double factor);
-  void railAllreduce(const char* op, const at::Tensor& t, RedOp redOp, double factor);  // the rail leg, scaled
   void broadcastFlat(const char* op, const at::Tensor& bytes, int root);
   void allgatherFlat(const char* op, const at::Tensor& inBytes, const std::vector<at::Tensor>& outBytes);
   void allgatherRails(const char* op, const at::Tensor& inBytes, const std::vector<at::Tensor>& outBytes);
   void reduceScatterFlat(const char* op, const std::vector<at::Tensor>& inputs, const at::Tensor& out,
                          RedOp redOp, double factor);
-  void reduceScatterRails(const char* op, const std::vector<at::Tensor>& blocks, const at::Tensor& out,
-                          RedOp redOp, double factor);
   void alltoallBytes(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs, const char* op);
   // all_to_all as one plan across hosts; the split exchange is a plan too.
   void alltoallPlanned(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs, const char* op,
@@ -197,7 +194,6 @@ class MultiHostGroup : public c10d::Backend {
   void alltoallDirect(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs, const char* op);
   void alltoallRail(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs, const char* op,
                     const SplitMatrix& m);
-  void finishReduction(const at::Tensor& t, RedOp op, double factor) const;
   // A gloo tag for one op's point-to-point transfers (global or rail group), above the tags
   // torch uses on a group (worker thread only).
   int crossTag() { return (1 << 30) | static_cast<int>(crossTags_++ & ((1u << 30) - 1)); }
@@ -211,10 +207,9 @@ class MultiHostGroup : public c10d::Backend {
   std::vector<int> allRanks_;
   int64_t leaderMaxBytes_;
   bool checkAcrossHosts_;
-  // HOCCL_MULTIHOST_PATH: which collectives run as one plan across hosts (the others as legs).
-  // auto: the reductions (all_reduce, allreduce_coalesced, reduce, reduce_scatter), where the
-  // plans measure at least as fast as the legs (docs/multihost.md); plans: every collective but
-  // send/recv; legs: none.
+  // HOCCL_MULTIHOST_PATH: whether all_gather, broadcast and all_to_all, the collectives that still
+  // have legs, run as one plan across hosts too (plans) or as legs (auto, legs); every other
+  // collective is one plan across hosts on every path, send/recv is point to point.
   enum class Path : uint8_t { Legs, Auto, Plans };
   Path path_ = pathSetting(config::text("HOCCL_MULTIHOST_PATH"));
   static Path pathSetting(const std::string& setting);
