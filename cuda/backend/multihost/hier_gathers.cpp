@@ -25,27 +25,10 @@ OpSignature bytesSignature(c10d::OpType kind, const at::Tensor& t, int64_t root 
 
 void MultiHostGroup::broadcastFlat(const char* op, const at::Tensor& bytes, int root) {
   if (bytes.numel() == 0) return;
-  if (runsAsPlan(OpKind::Broadcast)) {
-    ProcessGroupHOCCL::HostsOp o{op, OpKind::Broadcast, root};
-    o.in = o.out = {ptr(bytes)};
-    o.bytes = o.numel = bytes.numel();
-    planned(op, [&](ProcessGroupHOCCL& host, int64_t tag) { host.runAcrossHosts(o, tag); });
-    return;
-  }
-  const int rootHost = layout_.hostOf(root);
-  auto inHost = [&](int localRoot) {
-    local(op, [&](ProcessGroupHOCCL& g) {
-      std::vector<at::Tensor> v{bytes};
-      return g.broadcast(v, legs::broadcastOpts(localRoot));
-    });
-  };
-  if (host_ == rootHost) inHost(layout_.localIndex[root]);
-  if (localRank_ == 0)
-    across(op, *groups_.rail, myRail_, [&](c10d::Backend& g) {
-      std::vector<at::Tensor> v{bytes};
-      return g.broadcast(v, legs::broadcastOpts(rootHost));  // leader of host h is rail 0's rank h
-    });
-  if (host_ != rootHost) inHost(0);
+  ProcessGroupHOCCL::HostsOp o{op, OpKind::Broadcast, root};
+  o.in = o.out = {ptr(bytes)};
+  o.bytes = o.numel = bytes.numel();
+  planned(op, [&](ProcessGroupHOCCL& host, int64_t tag) { host.runAcrossHosts(o, tag); });
 }
 
 // Even hosts, pipelined: the input goes in chunks. Each chunk crosses point to point to the
@@ -154,7 +137,6 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::broadcast(std::vector<at::Tensor>
   Staged s(tensors[0]);
   return enqueue(c10d::OpType::BROADCAST, tensors, [this, s, root] {
     agreeOnRail("broadcast", bytesSignature(c10d::OpType::BROADCAST, s.work, root));
-    setAlgorithm("multihost_leaders");
     broadcastFlat("broadcast", legs::bytesOf(s.work), root);
     s.writeBack();
   }, !opts.asyncOp);

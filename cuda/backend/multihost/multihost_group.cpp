@@ -119,9 +119,9 @@ MultiHostGroup::Path MultiHostGroup::pathSetting(const std::string& setting) {
 }
 
 bool MultiHostGroup::runsAsPlan(OpKind kind) const {
-  // The other collectives have no legs any more. On the legs in auto: these three measured
+  // The other collectives have no legs any more. On the legs in auto: these two measured
   // slower as plans at some sizes (docs/multihost.md).
-  const bool hasLegs = kind == OpKind::AllGather || kind == OpKind::Broadcast || kind == OpKind::AllToAll;
+  const bool hasLegs = kind == OpKind::AllGather || kind == OpKind::AllToAll;
   return !hasLegs || path_ == Path::Plans;
 }
 

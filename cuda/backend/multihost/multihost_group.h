@@ -1,7 +1,7 @@
 // The hoccl backend of a group whose ranks sit on more than one host. Every collective but
-// all_gather, broadcast and all_to_all in auto runs as one plan across hosts, which the group of
+// all_gather and all_to_all in auto runs as one plan across hosts, which the group of
 // this host's ranks executes (planned.cpp, backend/across_hosts.cpp): steps inside the host on its
-// shared memory, network steps on the gloo network engine. Those three may still run as legs:
+// shared memory, network steps on the gloo network engine. Those two may still run as legs:
 // inside a host on that local group, across hosts on torch's ProcessGroupGloo groups that the
 // Python creator made and this object owns: one per rail (the ranks with the same local index on
 // each host; rail 0 is the host leaders), one over every rank, one for send/recv (framed with a
@@ -207,7 +207,7 @@ class MultiHostGroup : public c10d::Backend {
   std::vector<int> allRanks_;
   int64_t leaderMaxBytes_;
   bool checkAcrossHosts_;
-  // HOCCL_MULTIHOST_PATH: whether all_gather, broadcast and all_to_all, the collectives that still
+  // HOCCL_MULTIHOST_PATH: whether all_gather and all_to_all, the collectives that still
   // have legs, run as one plan across hosts too (plans) or as legs (auto, legs); every other
   // collective is one plan across hosts on every path, send/recv is point to point.
   enum class Path : uint8_t { Legs, Auto, Plans };
