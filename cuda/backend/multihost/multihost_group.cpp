@@ -112,17 +112,11 @@ std::string MultiHostGroup::lastAlgorithm() const {
   return lastAlgo_;
 }
 
-MultiHostGroup::Path MultiHostGroup::pathSetting(const std::string& setting) {
-  if (setting == "legs") return Path::Legs;
-  if (setting == "plans") return Path::Plans;
-  return Path::Auto;  // the configuration table admits only these three
-}
-
 bool MultiHostGroup::runsAsPlan(OpKind kind) const {
   // The other collectives have no legs any more. On the legs in auto: these two measured
   // slower as plans at some sizes (docs/multihost.md).
   const bool hasLegs = kind == OpKind::AllGather || kind == OpKind::AllToAll;
-  return !hasLegs || path_ == Path::Plans;
+  return !hasLegs || plansOnly_;
 }
 
 std::vector<TransferPhase> MultiHostGroup::lastAllToAllPhases() const {

@@ -210,9 +210,7 @@ class MultiHostGroup : public c10d::Backend {
   // HOCCL_MULTIHOST_PATH: whether all_gather and all_to_all, the collectives that still
   // have legs, run as one plan across hosts too (plans) or as legs (auto, legs); every other
   // collective is one plan across hosts on every path, send/recv is point to point.
-  enum class Path : uint8_t { Legs, Auto, Plans };
-  Path path_ = pathSetting(config::text("HOCCL_MULTIHOST_PATH"));
-  static Path pathSetting(const std::string& setting);
+  bool plansOnly_ = config::text("HOCCL_MULTIHOST_PATH") == "plans";
   bool runsAsPlan(OpKind kind) const;
   AllToAllHostsForm alltoallChoice_ = alltoallChoice(config::text("HOCCL_MULTIHOST_ALLTOALL"));
   NetCosts netCosts_;

@@ -2,8 +2,8 @@
 
 #include <pthread.h>
 
-#include <condition_variable>
 #include <algorithm>
+#include <condition_variable>
 #include <deque>
 #include <stdexcept>
 #include <thread>
@@ -200,19 +200,18 @@ void GlooNetTransport::fail(const Transfer& t, std::exception_ptr error) const {
 void GlooNetTransport::wait(Handle h, const std::function<void(int waitingFor)>& check) {
   std::shared_ptr<Transfer> t = take(h);
   if (!t) throw std::logic_error("hoccl: wait on an unknown network transfer handle " + std::to_string(h));
-  {
-    std::lock_guard<std::mutex> lock(waiters_->mutex);
-    t->started = true;
-  }
   try {
     if (check) check(t->peer);
     std::lock_guard<std::mutex> lock(mutex_);
     if (!aborted_.empty()) throw std::runtime_error(describe(*t) + ": the transport was aborted: " + aborted_);
     waiting_.push_back(t);
   } catch (...) {
-    unstart(t);
-    settle(t);
+    settle(t);  // the caller gives up on it: make its memory free before saying so
     throw;
+  }
+  {
+    std::lock_guard<std::mutex> lock(waiters_->mutex);
+    t->started = true;
   }
   std::exception_ptr error;
   bool done = false;
@@ -229,26 +228,21 @@ void GlooNetTransport::wait(Handle h, const std::function<void(int waitingFor)>&
     std::lock_guard<std::mutex> lock(waiters_->mutex);
     t->finished = done || error;
     t->error = error;
+    t->started = t->finished;  // cut short: settle() hands it to a waiter thread
   }
   if (error) fail(*t, error);
   if (done) return;
   // abort() cut the wait short; gloo may still move the bytes, so a waiter thread waits them out
   // before the caller hears (and may free the memory).
-  unstart(t);
   settle(t);
   throw std::runtime_error(describe(*t) + ": the transport was aborted: " + aborted());
-}
-
-void GlooNetTransport::unstart(const std::shared_ptr<Transfer>& t) {
-  std::lock_guard<std::mutex> lock(waiters_->mutex);
-  t->started = false;
 }
 
 void GlooNetTransport::settle(const std::shared_ptr<Transfer>& t) {
   Waiters& w = *waiters_;
   std::unique_lock<std::mutex> lock(w.mutex);
-  // gloo's own budget for the blocking wait counts from its start (a send's from its post): the
-  // bound follows it, so settling never returns while gloo may still write into the memory.
+  // gloo's wait is given what is left of the budget from the post (Transfer::remaining): the bound
+  // follows it, so settling never returns while gloo may still write into the memory.
   if (!t->started) w.submit(t);
   const auto bound = t->deadline + std::chrono::seconds(1);
   w.finished.wait_until(lock, bound, [&] { return t->finished; });

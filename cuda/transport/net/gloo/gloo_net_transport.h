@@ -64,7 +64,6 @@ class GlooNetTransport : public NetTransport {
 
   Handle add(std::shared_ptr<Transfer> t);
   std::shared_ptr<Transfer> take(Handle h);
-  void unstart(const std::shared_ptr<Transfer>& t);  // a waiter thread may wait it out again
   // Waits `t` out, until a second past its deadline, ignoring its error.
   void settle(const std::shared_ptr<Transfer>& t);
   [[noreturn]] void fail(const Transfer& t, std::exception_ptr error) const;
