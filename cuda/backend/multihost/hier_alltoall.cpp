@@ -71,6 +71,7 @@ void MultiHostGroup::alltoallDirect(const std::vector<at::Tensor>& ins, const st
   // apart from the global group's collectives.
   const int tag = crossTag();
   std::vector<c10::intrusive_ptr<c10d::Work>> crossing;
+  const auto posted = std::chrono::steady_clock::now();
   auto post = [&](bool isSend, int peer, const at::Tensor& block) {
     if (layout_.hostOf(peer) == host_ || block.numel() == 0) return;
     crossing.push_back(startTransfer(op, *groups_.global, allRanks_, isSend, peer, block, tag));
@@ -81,7 +82,7 @@ void MultiHostGroup::alltoallDirect(const std::vector<at::Tensor>& ins, const st
     local(op, [&](ProcessGroupHOCCL& g) { return g.alltoall(localOuts, localIns, c10d::AllToAllOptions()); });
   } catch (...) {
     // gloo may still be writing into the outputs: let the transfers end before they can be freed.
-    legs::drain(crossing);
+    legs::drain(crossing, posted + timeout_);
     throw;
   }
   for (auto& w : crossing) waitAcross(op, allRanks_, w);

@@ -31,6 +31,7 @@ void MultiHostGroup::alltoallRail(const std::vector<at::Tensor>& ins, const std:
   const std::vector<int> carried = relayedBy(layout_, host_, rank_);
   const int tag = crossTag();
   std::vector<c10::intrusive_ptr<c10d::Work>> crossing;
+  const auto posted = std::chrono::steady_clock::now();
 
   // What each remote host's relay for this rank will send: that host's blocks for it, in its rank order.
   std::vector<std::pair<int, at::Tensor>> arriving;
@@ -71,7 +72,7 @@ void MultiHostGroup::alltoallRail(const std::vector<at::Tensor>& ins, const std:
       crossing.push_back(startTransfer(op, *groups_.global, allRanks_, true, d, messages.back(), tag));
     }
   } catch (...) {
-    legs::drain(crossing);  // gloo may still be reading or writing the staging buffers
+    legs::drain(crossing, posted + timeout_);  // gloo may still read or write the staging buffers
     throw;
   }
   // Same-host blocks, while the messages cross.

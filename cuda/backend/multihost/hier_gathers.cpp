@@ -54,6 +54,7 @@ void MultiHostGroup::allgatherRails(const char* op, const at::Tensor& in, const 
     p.gathered.push_back(groups_.local->allgather(to, from, c10d::AllgatherOptions()));
   };
   pieces.reserve((n + chunk - 1) / chunk);
+  const auto posted = std::chrono::steady_clock::now();
   try {
     for (int64_t off = 0; off < n; off += chunk) {
       pieces.push_back(Piece{off, std::min(chunk, n - off)});
@@ -82,7 +83,7 @@ void MultiHostGroup::allgatherRails(const char* op, const at::Tensor& in, const 
   } catch (...) {
     // gloo and the local group may still be writing into the scratch and the outputs.
     for (auto& p : pieces) {
-      legs::drain(p.crossing);
+      legs::drain(p.crossing, posted + timeout_);
       legs::drain(p.gathered);
     }
     throw;

@@ -2,6 +2,7 @@
 #pragma once
 #include <ATen/ATen.h>
 #include <algorithm>
+#include <chrono>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <vector>
@@ -34,6 +35,22 @@ inline void drain(const std::vector<c10::intrusive_ptr<c10d::Work>>& works) {
     if (!w) continue;
     try {
       w->wait();
+    } catch (...) {
+    }
+  }
+}
+
+// The same for gloo transfers posted together, each waited at most until `deadline` (their post
+// plus the group's timeout): gloo's wait would give each a whole timeout from the moment it is
+// drained, so a lost host would cost one timeout per transfer still in flight. A gloo wait that
+// expires breaks its context, so nothing writes into the buffers after it either.
+inline void drain(const std::vector<c10::intrusive_ptr<c10d::Work>>& works,
+                  std::chrono::steady_clock::time_point deadline) {
+  for (const auto& w : works) {
+    if (!w) continue;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    try {
+      w->wait(std::max(left, std::chrono::milliseconds(1)));  // 0 would mean gloo's whole timeout
     } catch (...) {
     }
   }
