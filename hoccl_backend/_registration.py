@@ -15,6 +15,10 @@ def _create(store, rank: int, size: int, timeout: timedelta, global_ranks=None):
 
     from hoccl_backend import _C
 
+    # Everything the creator reads from the settings is checked before any rank talks to the
+    # store: rank 0 hosts it, so a rank 0 that raised halfway would leave the others reporting a
+    # lost store connection instead of the bad setting.
+    alltoall = _alltoall_scheduler(rank, size, global_ranks)
     if size > 1:
         names, host_of = _C.host_table(store, rank, size, timeout)
         if len(names) > 1:
@@ -22,7 +26,8 @@ def _create(store, rank: int, size: int, timeout: timedelta, global_ranks=None):
 
             return multihost.create(store, rank, size, timeout, names, host_of)
     pg = _C.ProcessGroupHOCCL(store, rank, size, timeout)
-    _configure_alltoall(pg, rank, size, global_ranks)
+    if alltoall is not None:
+        pg.set_alltoall_scheduler(alltoall[0])
     return pg
 
 
@@ -34,27 +39,28 @@ def _create_from_options(options, backend_options=None):
                    list(options.global_ranks_in_group) or None)
 
 
-def _configure_alltoall(pg, rank: int, size: int, global_ranks=None) -> None:
-    """Hands the backend the scheduler varipath.schedule() runs for HOCCL_TOPOLOGY and
-    HOCCL_VARIPATH_MODEL: the same object, with its links, hosts and cost model. On the flat
-    topology (HOCCL_TOPOLOGY unset) there are no links to schedule for, and every pair goes in
-    one phase. Values come from the configuration table, which has checked them."""
+def _alltoall_scheduler(rank: int, size: int, global_ranks=None):
+    """The scheduler varipath.schedule() runs for HOCCL_TOPOLOGY and HOCCL_VARIPATH_MODEL, for
+    the backend to plan all_to_all with (the same object, with its links, hosts and cost model),
+    as a one-element tuple; None where the backend keeps its default (another algorithm, one
+    rank, no varipath). On the flat topology (HOCCL_TOPOLOGY unset) there are no links to
+    schedule for, and every pair goes in one phase: (None,). Values come from the configuration
+    table, which has checked them."""
     from hoccl_backend import _C
 
     if _C.config_value("HOCCL_ALLTOALL_ALGO") != "varipath" or size < 2:
-        return
+        return None
     try:
         import varipath
     except ImportError:
-        return
+        return None
     spec = _C.config_value("HOCCL_TOPOLOGY")
     try:
         model = _C.config_value("HOCCL_VARIPATH_MODEL")
         topo = None if spec == "flat" else _group_topology(varipath, spec, rank, size, global_ranks)
-        scheduler = None if topo is None else varipath.scheduler_for(topo, model)
+        return (None if topo is None else varipath.scheduler_for(topo, model),)
     except ValueError as e:
         raise ValueError(f"hoccl process group creation on rank {rank}: {e}") from e
-    pg.set_alltoall_scheduler(scheduler)
 
 
 def _group_topology(varipath, spec: str, rank: int, size: int, global_ranks):
