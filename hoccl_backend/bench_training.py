@@ -71,8 +71,6 @@ def _hsdp_steps(world: int, steps: int, bucket_elems: int):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    if world % 2:
-        raise SystemExit(f"hsdp needs an even world (replicate x shard pairs), got {world}")
     mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("replicate", "shard"))
     model, config = _model(0)
     for block in model.transformer.h:
@@ -162,6 +160,8 @@ def main(argv=None) -> int:
     unknown = [j for j in jobs if j not in JOBS]
     if unknown:
         ap.error(f"unknown job(s) {unknown}; choose from {', '.join(JOBS)}")
+    if "hsdp" in jobs and args.world % 2:
+        ap.error(f"hsdp needs an even world (replicate x shard pairs), got {args.world}")
     backends = [b for b in args.backends.split(",") if b]
     print(f"# world {args.world}, {os.cpu_count()} cores, busy {args.busy} thread(s) per rank, "
           f"{args.rounds} round(s) x {args.steps} steps; ms per step, median (p10-p90)")

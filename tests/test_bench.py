@@ -147,3 +147,26 @@ def test_bench_vs_deepspeed_puts_its_shm_all_reduce_beside_hoccl_and_the_direct_
     assert all(float(c) > 0 for c in cells[2:7]), cells
     assert sorted(glob.glob("/dev/shm/deepspeed_allreduce_buffer_*")) == leftovers, \
         "the benchmark left DeepSpeed's shared-memory buffers behind"
+
+
+def test_bench_training_runs_zero2_and_hsdp_on_hoccl_and_gloo():
+    """Both training jobs launch on each backend and report a step time per backend and their
+    ratio (world 2, one timed step: this checks the command, not the figures)."""
+    pytest.importorskip("deepspeed", reason="deepspeed is not installed (scripts/install.sh installs it)")
+    out = subprocess.run([sys.executable, "-m", "hoccl_backend.bench_training", "--world", "2", "--steps", "1",
+                          "--warmup", "1", "--rounds", "1"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = {line.split("|")[0].strip(): line for line in out.stdout.splitlines() if "|" in line}
+    assert set(rows) == {"zero2", "hsdp"}, out.stdout
+    for line in rows.values():
+        cells = [c.split() for c in line.split("|")[1:3]]
+        assert [c[0] for c in cells] == ["hoccl", "gloo"] and all(float(c[1]) > 0 for c in cells), line
+        assert "gloo / hoccl" in line, line
+
+
+@pytest.mark.parametrize("args, message", [(["--jobs", "zero3"], "unknown job"),
+                                           (["--jobs", "hsdp", "--world", "3", "--steps", "1"], "even world")])
+def test_bench_training_rejects_bad_arguments(args, message):
+    out = subprocess.run([sys.executable, "-m", "hoccl_backend.bench_training", *args], capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode != 0 and message in out.stderr + out.stdout, out.stderr[-2000:]
