@@ -75,10 +75,10 @@ def _check_clean(hosts):
             assert hosts.shm_files(h) == [], f"host {h} kept {hosts.shm_files(h)}"
 
 
-# Both paths across hosts: the legs (all_gather and all_to_all still have them; every
-# other collective is a plan on every path) and one plan per collective (issue 31's path), against
-# the same references; the default (auto: those two as legs) mixes the two in one job, checked
-# on 2x2 and on the interleaved placement (and by every test that sets none).
+# Both paths across hosts: the legs (all_gather still has them, and all_to_all without the
+# check: the 2x1-unchecked layout; every other collective is a plan on every path) and one plan
+# per collective (issue 31's path), against the same references; the default (auto) mixes the two
+# in one job, checked on 2x2 and on the interleaved placement (and by every test that sets none).
 PATHS = ["legs", "plans"]
 LAYOUTS = [([2, 2], "1"), ([2, 1, 2], "1"), ([1, 1], "0")]
 LAYOUT_IDS = ["2x2", "3hosts-2-1-2", "2x1-unchecked"]

@@ -152,7 +152,7 @@ def check_all_to_all(pg, rank: int, world: int, form: str | None = None) -> int:
     list the form's transfers for the split matrix (none where the legs gathered no matrix)."""
     import os
 
-    # all_to_all runs on the legs unless every collective runs as a plan (HOCCL_MULTIHOST_PATH).
+    # Only the direct legs, run without the check across hosts, gather no split matrix.
     no_matrix = (os.environ.get("HOCCL_MULTIHOST_PATH", "auto") != "plans" and form != "rail"
                  and os.environ.get("HOCCL_CHECK_ACROSS_HOSTS") == "0")
 

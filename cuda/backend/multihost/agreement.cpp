@@ -87,52 +87,12 @@ void MultiHostGroup::exchangeOnRail(const char* op, const void* mine, void* all,
   }
 }
 
-// Every rank needs the whole split matrix to report a mismatch the same way everywhere. A gloo
-// all_gather over all ranks is a ring of W-1 hops; instead a host first gathers its rows in
-// shared memory, then sends them to the ranks of every other host in one parallel hop: rank l
-// of host h serves the ranks m of host h' with m % L(h) == l, so every rank hears from exactly
-// one rank of each other host, whatever the hosts' sizes.
-// The send rows form the split matrix the all_to_all forms plan from (alltoall_forms.h).
-SplitMatrix MultiHostGroup::exchangeSplits(const char* op, const std::vector<int64_t>& sendBytes,
-                                           const std::vector<int64_t>& recvBytes, bool check) {
-  const int64_t width = 2 * size_;
-  const std::vector<int64_t> own = SplitMatrix::row(sendBytes, recvBytes);
-  const auto& hostRanks = layout_.table.ranksOf;
-  at::Tensor ownRow = at::tensor(own, at::kLong);
-  at::Tensor hostRows = at::empty({layout_.localSize(host_) * width}, at::kLong);
-  local(op, [&](ProcessGroupHOCCL& g) { return g._allgather_base(hostRows, ownRow, c10d::AllgatherOptions()); });
-
-  std::vector<at::Tensor> rowsOf(layout_.hosts());
-  rowsOf[host_] = hostRows;
-  const int tag = crossTag();
-  std::vector<c10::intrusive_ptr<c10d::Work>> exchange;
-  auto post = [&](bool isSend, int peer, const at::Tensor& rows) {
-    exchange.push_back(startTransfer(op, *groups_.global, allRanks_, isSend, peer, rows, tag));
-  };
-  const int mySize = layout_.localSize(host_);
-  for (int h = 0; h < layout_.hosts(); ++h) {
-    if (h == host_) continue;
-    const int theirSize = layout_.localSize(h);
-    rowsOf[h] = at::empty({theirSize * width}, at::kLong);
-    post(false, hostRanks[h][localRank_ % theirSize], rowsOf[h]);
-    for (int m = localRank_; m < theirSize; m += mySize) post(true, hostRanks[h][m], hostRows);
-  }
-  for (auto& w : exchange) waitAcross(op, allRanks_, w);
-
-  std::vector<const int64_t*> row(size_);
-  for (int h = 0; h < layout_.hosts(); ++h)
-    for (size_t i = 0; i < hostRanks[h].size(); ++i) row[hostRanks[h][i]] = rowsOf[h].data_ptr<int64_t>() + i * width;
-  const SplitMatrix matrix = SplitMatrix::fromRows(row);
-  if (check) checkSplits(op, matrix, false);
-  return matrix;
-}
-
-// Same-host pairs are the local leg's to report, unless a form packs them into a leg of its own.
-void MultiHostGroup::checkSplits(const char* op, const SplitMatrix& m, bool sameHostToo) {
+// Every pair, same-host pairs too: the plan moves those in the same run, so no host leg of its
+// own would report them.
+void MultiHostGroup::checkSplits(const char* op, const SplitMatrix& m) {
   for (int from = 0; from < size_; ++from)
     for (int to = 0; to < size_; ++to) {
       if (m.at(from, to) == m.expectedAt(to, from)) continue;
-      if (!sameHostToo && layout_.hostOf(from) == layout_.hostOf(to)) continue;
       mismatchAcrossHosts(op, "rank " + std::to_string(from) + " sends " + std::to_string(m.at(from, to)) +
                                   " bytes to rank " + std::to_string(to) + ", which expects " +
                                   std::to_string(m.expectedAt(to, from)));

@@ -1,13 +1,12 @@
-// all_to_all across hosts on the legs: the split matrix every rank gathers, the form setting,
-// and the relay of each block. The forms and the cost model that picks one per call are
-// VarioPath's (varipath/across_hosts.h); every rank holds the same matrix after the split
-// exchange, so every rank runs the same form.
+// all_to_all across hosts: the split matrix every rank gathers before its plan, and the form
+// setting. The forms are plan builders (plan/alltoall_hosts.cpp) and the cost model that picks one
+// per call is VarioPath's (varipath/across_hosts.h); every rank holds the same matrix after the
+// split exchange, so every rank builds the same form.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "backend/multihost/host_layout.h"
 #include "common/plan_types.h"
 
 namespace hoccl {
@@ -41,11 +40,5 @@ struct SplitMatrix {
 // HOCCL_MULTIHOST_ALLTOALL: auto (VarioPath's choice), direct or rail.
 AllToAllHostsForm alltoallChoice(const std::string& setting);
 
-// The rank of host `srcHost` that relays every block of that host destined for rank `dst`.
-int relayFor(const HostLayout& layout, int srcHost, int dst);
-
-// The form to run: the forced one, else VarioPath's choice for this matrix (varipath/across_hosts.h).
-AllToAllHostsForm chooseForm(AllToAllHostsForm forced, const HostLayout& layout, const SplitMatrix& m,
-                             const NetCosts& costs);
 
 }  // namespace hoccl

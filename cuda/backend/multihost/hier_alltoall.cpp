@@ -1,8 +1,9 @@
-// all_to_all across hosts: blocks between ranks of one host move through the host's shared
-// memory while the blocks that cross hosts go straight to their destination over the global
-// gloo group, at the same time. Each cross-host byte crosses once, so the link carries exactly
-// the cross-host part of the split matrix (the direct form of docs/multihost.md). The rail form
-// is in hier_alltoall_rail.cpp; VarioPath's cost model (varipath/across_hosts.h) picks between them.
+// all_to_all across hosts. With the split check (the default), a forced rail form or
+// HOCCL_MULTIHOST_PATH=plans it is one plan across hosts (planned.cpp), whose form VarioPath's
+// cost model picks from the gathered split matrix. Without the check no rank needs the matrix,
+// and these legs skip gathering it: blocks between ranks of one host move through the host's
+// shared memory while the blocks that cross hosts go straight to their destination over the
+// global gloo group, at the same time (the direct form of docs/multihost.md).
 #include "backend/multihost/legs.h"
 #include "backend/multihost/multihost_group.h"
 #include "backend/tensor_args.h"
@@ -32,8 +33,9 @@ std::vector<at::Tensor> byteBlocks(const at::Tensor& t, const std::vector<int64_
 
 }  // namespace
 
-// The form follows the split matrix every rank holds after the exchange, so every rank picks the
-// same one. Without the cross-host check (and unless rail is forced) there is no matrix: direct.
+// A plan needs every rank's splits, one message round before the data; the legs' direct form needs
+// only this rank's own, so without the check it saves that round (4 KB-1 MB on 2x2: as fast as
+// gloo, where the plan with its split exchange takes 1.3-1.5x: docs/multihost.md).
 void MultiHostGroup::alltoallBytes(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs,
                                    const char* op) {
   std::vector<int64_t> sendBytes, recvBytes;
@@ -41,20 +43,13 @@ void MultiHostGroup::alltoallBytes(const std::vector<at::Tensor>& ins, const std
     sendBytes.push_back(ins[r].numel());
     recvBytes.push_back(outs[r].numel());
   }
-  if (runsAsPlan(OpKind::AllToAll)) return alltoallPlanned(ins, outs, op, sendBytes, recvBytes);
-  if (!checkAcrossHosts_ && alltoallChoice_ != AllToAllHostsForm::Relay) {
-    {
-      std::lock_guard<std::mutex> lock(stateMutex_);
-      lastPhases_.clear();
-    }
-    return alltoallDirect(ins, outs, op);
+  if (checkAcrossHosts_ || plansOnly_ || alltoallChoice_ == AllToAllHostsForm::Relay)
+    return alltoallPlanned(ins, outs, op, sendBytes, recvBytes);
+  {
+    std::lock_guard<std::mutex> lock(stateMutex_);
+    lastPhases_.clear();
   }
-  const SplitMatrix m = exchangeSplits(op, sendBytes, recvBytes, checkAcrossHosts_);
-  const AllToAllHostsForm form = chooseForm(alltoallChoice_, layout_, m, netCosts_);
-  setAllToAllPhases(m, form);
-  if (form == AllToAllHostsForm::Direct) return alltoallDirect(ins, outs, op);
-  checkSplits(op, m, true);  // the rail form packs same-host blocks into its own host leg
-  alltoallRail(ins, outs, op, m);
+  alltoallDirect(ins, outs, op);
 }
 
 void MultiHostGroup::alltoallDirect(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs,

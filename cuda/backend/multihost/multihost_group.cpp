@@ -113,10 +113,9 @@ std::string MultiHostGroup::lastAlgorithm() const {
 }
 
 bool MultiHostGroup::runsAsPlan(OpKind kind) const {
-  // The other collectives have no legs any more. On the legs in auto: these two measured
-  // slower as plans at some sizes (docs/multihost.md).
-  const bool hasLegs = kind == OpKind::AllGather || kind == OpKind::AllToAll;
-  return !hasLegs || plansOnly_;
+  // all_gather, the one collective left with legs, measured slower as a plan from 1 MB
+  // (docs/multihost.md). all_to_all chooses for itself (alltoallBytes).
+  return kind != OpKind::AllGather || plansOnly_;
 }
 
 std::vector<TransferPhase> MultiHostGroup::lastAllToAllPhases() const {

@@ -1,7 +1,8 @@
 // The hoccl backend of a group whose ranks sit on more than one host. Every collective but
-// all_gather and all_to_all in auto runs as one plan across hosts, which the group of
-// this host's ranks executes (planned.cpp, backend/across_hosts.cpp): steps inside the host on its
-// shared memory, network steps on the gloo network engine. Those two may still run as legs:
+// all_gather in auto (and all_to_all without the check across hosts) runs as one plan across
+// hosts, which the group of this host's ranks executes (planned.cpp, backend/across_hosts.cpp):
+// steps inside the host on its shared memory, network steps on the gloo network engine. Those
+// two may still run as legs:
 // inside a host on that local group, across hosts on torch's ProcessGroupGloo groups that the
 // Python creator made and this object owns: one per rail (the ranks with the same local index on
 // each host; rail 0 is the host leaders), one over every rank, one for send/recv (framed with a
@@ -171,11 +172,8 @@ class MultiHostGroup : public c10d::Backend {
   void agreeOnRail(const char* op, const OpSignature& mine);
   // `bytes` of this rank's to every member of its rail, `all` in rail order (this rank's too).
   void exchangeOnRail(const char* op, const void* mine, void* all, int64_t bytes);
-  // all_to_all: every rank's bytes to and from every rank, gathered on every rank; with `check`,
-  // raises where a sender and its receiver disagree.
-  SplitMatrix exchangeSplits(const char* op, const std::vector<int64_t>& sendBytes,
-                             const std::vector<int64_t>& recvBytes, bool check);
-  void checkSplits(const char* op, const SplitMatrix& m, bool sameHostToo);
+  // all_to_all: raises where a sender and its receiver disagree on a block's bytes.
+  void checkSplits(const char* op, const SplitMatrix& m);
   [[noreturn]] void mismatchAcrossHosts(const char* op, const std::string& what);
 
   // Algorithms (worker thread). `flat` tensors are contiguous and one-dimensional.
@@ -192,8 +190,6 @@ class MultiHostGroup : public c10d::Backend {
   SplitMatrix exchangeSplitsPlanned(const char* op, const std::vector<int64_t>& sendBytes,
                                     const std::vector<int64_t>& recvBytes);
   void alltoallDirect(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs, const char* op);
-  void alltoallRail(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs, const char* op,
-                    const SplitMatrix& m);
   // A gloo tag for one op's point-to-point transfers (global or rail group), above the tags
   // torch uses on a group (worker thread only).
   int crossTag() { return (1 << 30) | static_cast<int>(crossTags_++ & ((1u << 30) - 1)); }
@@ -207,9 +203,9 @@ class MultiHostGroup : public c10d::Backend {
   std::vector<int> allRanks_;
   int64_t leaderMaxBytes_;
   bool checkAcrossHosts_;
-  // HOCCL_MULTIHOST_PATH: whether all_gather and all_to_all, the collectives that still
-  // have legs, run as one plan across hosts too (plans) or as legs (auto, legs); every other
-  // collective is one plan across hosts on every path, send/recv is point to point.
+  // HOCCL_MULTIHOST_PATH: whether all_gather, and all_to_all without the check, the only
+  // collectives with legs, run as one plan across hosts too (plans) or as legs (auto, legs);
+  // every other collective is one plan across hosts on every path, send/recv point to point.
   bool plansOnly_ = config::text("HOCCL_MULTIHOST_PATH") == "plans";
   bool runsAsPlan(OpKind kind) const;
   AllToAllHostsForm alltoallChoice_ = alltoallChoice(config::text("HOCCL_MULTIHOST_ALLTOALL"));

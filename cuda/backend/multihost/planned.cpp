@@ -38,8 +38,7 @@ void MultiHostGroup::alltoallPlanned(const std::vector<at::Tensor>& ins, const s
                                      const char* op, const std::vector<int64_t>& sendBytes,
                                      const std::vector<int64_t>& recvBytes) {
   const SplitMatrix m = exchangeSplitsPlanned(op, sendBytes, recvBytes);
-  // Both forms move same-host blocks inside this one plan, so every pair is checked here.
-  if (checkAcrossHosts_) checkSplits(op, m, true);
+  if (checkAcrossHosts_) checkSplits(op, m);
   ProcessGroupHOCCL::HostsOp o{op, OpKind::AllToAll};
   TransferPhase pairs;
   for (int s = 0; s < size_; ++s)
