@@ -17,7 +17,9 @@ def _create(store, rank: int, size: int, timeout: timedelta, global_ranks=None):
 
     # Everything the creator reads from the settings is checked before any rank talks to the
     # store: rank 0 hosts it, so a rank 0 that raised halfway would leave the others reporting a
-    # lost store connection instead of the bad setting.
+    # lost store connection instead of the bad setting. Whether the group spans hosts is known
+    # only from the store, so a group across hosts builds the scheduler too, as that check, and
+    # does not plan with it (its all_to_all is priced by VarioPath's cost model across hosts).
     alltoall = _alltoall_scheduler(rank, size, global_ranks)
     if size > 1:
         names, host_of = _C.host_table(store, rank, size, timeout)

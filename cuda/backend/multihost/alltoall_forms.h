@@ -40,5 +40,4 @@ struct SplitMatrix {
 // HOCCL_MULTIHOST_ALLTOALL: auto (VarioPath's choice), direct or rail.
 AllToAllHostsForm alltoallChoice(const std::string& setting);
 
-
 }  // namespace hoccl
