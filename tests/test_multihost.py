@@ -28,10 +28,38 @@ def every_op_default_group(rank, world):
     counts = every_op(pg, rank, world)
     counts["algorithm"] = pg.last_algorithm()
     counts["hosts"] = pg.hosts()
+    counts["all_gather"] = all_gather_algorithms(pg, world)
     if os.environ.get("HOCCL_CHECK_ACROSS_HOSTS") != "0":  # auto needs the exchanged split matrix
         counts["auto_form"] = check_auto_form(pg, rank, world, pg.hosts())
     counts["forms"] = check_all_to_all_forms(lambda form: _group_over(f"form-{form}", rank, world), rank, world)
     return counts
+
+
+def all_gather_algorithms(pg, world):
+    """What all_gather ran with 16-byte and 1 MB blocks per rank, each result checked."""
+    import torch
+
+    names = []
+    for n in (4, 1 << 18):
+        x = torch.arange(n, dtype=torch.float32) + pg.rank() * n
+        out = torch.empty(n * world)
+        pg._allgather_base(out, x).wait()
+        assert torch.equal(out, torch.arange(n * world, dtype=torch.float32)), f"all_gather of {n} floats"
+        names.append(pg.last_algorithm())
+    return names
+
+
+def expected_all_gather_algorithms(ranks, path):
+    """The plan goes host first for small blocks, and at every size where no host has two ranks
+    (nothing to hand on); the rails legs remain on even hosts only, at every size on `legs`, and
+    where the plan would not go host first on `auto`."""
+    even = len(set(ranks)) == 1
+    plans = ["allgather/hosts-first", "allgather/hosts-first" if max(ranks) == 1 else "allgather/hosts"]
+    if path == "legs" and even:
+        return ["multihost_rails"] * 2
+    if path == "auto" and even:
+        return [p if p.endswith("first") else "multihost_rails" for p in plans]
+    return plans
 
 
 def _group_over(prefix, group_rank, world):
@@ -75,8 +103,8 @@ def _check_clean(hosts):
             assert hosts.shm_files(h) == [], f"host {h} kept {hosts.shm_files(h)}"
 
 
-# Both paths across hosts: the legs (all_gather still has them, and all_to_all without the
-# check: the 2x1-unchecked layout; every other collective is a plan on every path) and one plan
+# Both paths across hosts: the legs (all_gather on even hosts still has them, and all_to_all
+# without the check: the 2x1-unchecked layout; every other collective is a plan on every path) and one plan
 # per collective (issue 31's path), against the same references; the default (auto) mixes the two
 # in one job, checked on 2x2 and on the interleaved placement (and by every test that sets none).
 PATHS = ["legs", "plans"]
@@ -85,8 +113,9 @@ LAYOUT_IDS = ["2x2", "3hosts-2-1-2", "2x1-unchecked"]
 
 
 @pytest.mark.parametrize("ranks,check,path",
-                         [(r, c, p) for p in PATHS for r, c in LAYOUTS] + [([2, 2], "1", "auto")],
-                         ids=[f"{i}-{p}" for p in PATHS for i in LAYOUT_IDS] + ["2x2-auto"])
+                         [(r, c, p) for p in PATHS for r, c in LAYOUTS]
+                         + [([2, 2], "1", "auto"), ([2, 1, 2], "1", "auto")],
+                         ids=[f"{i}-{p}" for p in PATHS for i in LAYOUT_IDS] + ["2x2-auto", "3hosts-2-1-2-auto"])
 def test_every_op_across_hosts(ranks, check, path):
     with Hosts(count=len(ranks), ranks=ranks) as hosts:
         env = dict(SLOTS, **AUTO_COSTS, HOCCL_CHECK_ACROSS_HOSTS=check, HOCCL_MULTIHOST_PATH=path)
@@ -94,6 +123,7 @@ def test_every_op_across_hosts(ranks, check, path):
         expected_hosts = [list(hosts.ranks_of(h)) for h in range(hosts.count)]
         for rank, counts in enumerate(results):
             assert counts["hosts"] == expected_hosts, f"rank {rank}: {counts['hosts']}"
+            assert counts["all_gather"] == expected_all_gather_algorithms(ranks, path), f"rank {rank}"
             assert counts["reductions"] > 100 and counts["send_recv"] == 2 * (hosts.world - 1) + 1
         print(f"{hosts.describe()}: every op checked on {hosts.world} ranks: {results[0]}")
         _check_clean(hosts)

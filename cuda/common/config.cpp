@@ -90,9 +90,10 @@ const std::vector<Variable> kTable = {
      "message each way per rail peer); 0 skips it: a mismatch then ends a process inside gloo"},
     {"HOCCL_MULTIHOST_PATH", K::Choice, R::Core, "auto", "auto,legs,plans",
      "across hosts, every collective but send/recv runs as one plan spanning the hosts (its network "
-     "steps on the inter-host engine), except all_gather, which auto and legs still run as legs "
-     "(separate host and inter-host collectives), and all_to_all without HOCCL_CHECK_ACROSS_HOSTS, "
-     "which skips the split exchange on its direct legs; plans: those too"},
+     "steps on the inter-host engine), except, on even hosts, all_gather's mid-size blocks, which auto "
+     "runs as legs (separate host and inter-host collectives; legs: at every size), and all_to_all "
+     "without HOCCL_CHECK_ACROSS_HOSTS, which skips the split exchange on its direct legs; plans: "
+     "those too"},
     {"HOCCL_NET_MESSAGE_US", K::Integer, R::Core, "auto", "",
      "across hosts, the network engine's cost per message that all_to_all's cost model uses; auto: measured "
      "when the group is created (the median of eight round trips of an 8-byte message)"},

@@ -1,8 +1,7 @@
-// Data movement across hosts, dtype-blind (bytes). all_gather on even hosts: along the rail
-// first (each rank fetches its rail peers' blocks: every block crosses to each other host once),
-// then inside the host; uneven hosts gather to their leader, the leaders exchange padded host
-// blocks, and each leader broadcasts inside its host. broadcast: inside the root's host, among
-// the leaders, inside every other host. gather and scatter ride on all_gather and broadcast.
+// Data movement across hosts, dtype-blind (bytes): broadcast, all_gather, gather and scatter,
+// each one plan across hosts (cuda/plan/), except all_gather's legs on even hosts where they
+// measured faster (allGatherAsPlan): each chunk crosses along the rail first (every block to each
+// other host once), then one all-gather inside the host.
 #include "backend/multihost/legs.h"
 #include "backend/multihost/multihost_group.h"
 #include "backend/tensor_args.h"
@@ -91,36 +90,18 @@ void MultiHostGroup::allgatherRails(const char* op, const at::Tensor& in, const 
 }
 
 void MultiHostGroup::allgatherFlat(const char* op, const at::Tensor& in, const std::vector<at::Tensor>& outs) {
-  const int64_t n = in.numel(), H = layout_.hosts();
+  const int64_t n = in.numel();
   if (n == 0) return;
-  if (runsAsPlan(OpKind::AllGather)) {
-    ProcessGroupHOCCL::HostsOp o{op, OpKind::AllGather};
-    o.in = {ptr(in)};
-    for (const auto& t : outs) o.out.push_back(ptr(t));
-    o.bytes = o.numel = n;
-    planned(op, [&](ProcessGroupHOCCL& host, int64_t tag) { host.runAcrossHosts(o, tag); });
-    return;
-  }
-  auto place = [&](const at::Tensor& all, auto slotOf) {
-    for (int r = 0; r < size_; ++r) outs[r].copy_(all.narrow(0, slotOf(r) * n, n));
-  };
-  if (layout_.even) {
+  if (!allGatherAsPlan(n)) {
+    setAlgorithm("multihost_rails");
     allgatherRails(op, in, outs);
     return;
   }
-  const int64_t widest = static_cast<int64_t>(layout_.railRanks.size()), L = layout_.localSize(host_);
-  at::Tensor hostBlock = at::zeros({widest * n}, in.options());
-  at::Tensor mine = hostBlock.narrow(0, 0, L * n);
-  at::Tensor src = in;
-  local(op, [&](ProcessGroupHOCCL& g) { return g._allgather_base(mine, src, c10d::AllgatherOptions()); });
-  at::Tensor all = at::empty({H * widest * n}, in.options());
-  if (localRank_ == 0)
-    across(op, *groups_.rail, myRail_, [&](c10d::Backend& g) { return g._allgather_base(all, hostBlock); });
-  local(op, [&](ProcessGroupHOCCL& g) {
-    std::vector<at::Tensor> v{all};
-    return g.broadcast(v, legs::broadcastOpts(0));
-  });
-  place(all, [&](int r) { return int64_t(layout_.hostOf(r)) * widest + layout_.localIndex[r]; });
+  ProcessGroupHOCCL::HostsOp o{op, OpKind::AllGather};
+  o.in = {ptr(in)};
+  for (const auto& t : outs) o.out.push_back(ptr(t));
+  o.bytes = o.numel = n;
+  planned(op, [&](ProcessGroupHOCCL& host, int64_t tag) { host.runAcrossHosts(o, tag); });
 }
 
 c10::intrusive_ptr<c10d::Work> MultiHostGroup::broadcast(std::vector<at::Tensor>& tensors,
@@ -169,7 +150,6 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::allgather(std::vector<std::vector
     agreeOnRail("all_gather", bytesSignature(c10d::OpType::ALLGATHER, in));
     std::vector<at::Tensor> outs;
     for (const auto& s : staged) outs.push_back(legs::bytesOf(s.work));
-    setAlgorithm(layout_.even ? "multihost_rails" : "multihost_leaders");
     allgatherFlat("all_gather", legs::bytesOf(in), outs);
     for (const auto& s : staged) s.writeBack();
   }, !opts.asyncOp);
@@ -197,7 +177,6 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::_allgather_base(at::Tensor& outpu
     const int64_t n = legs::bytesOf(in).numel();
     std::vector<at::Tensor> outs;
     for (int r = 0; r < size_; ++r) outs.push_back(bytes.narrow(0, r * n, n));
-    setAlgorithm(layout_.even ? "multihost_rails" : "multihost_leaders");
     allgatherFlat("all_gather_into_tensor", legs::bytesOf(in), outs);
     s.writeBack();
   }, !opts.asyncOp);

@@ -1,19 +1,12 @@
-// Small helpers the multi-host legs share: c10d options for one leg, byte views, draining.
+// Small helpers the multi-host legs share: byte views, chunking, draining.
 #pragma once
 #include <ATen/ATen.h>
 #include <algorithm>
 #include <chrono>
-#include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <vector>
 
 namespace hoccl::legs {
-
-inline c10d::BroadcastOptions broadcastOpts(int root) {
-  c10d::BroadcastOptions o;
-  o.rootRank = root;
-  return o;
-}
 
 // A contiguous tensor's bytes as a one-dimensional uint8 tensor (data moves are dtype-blind).
 inline at::Tensor bytesOf(const at::Tensor& t) {

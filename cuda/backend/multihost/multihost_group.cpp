@@ -6,6 +6,7 @@
 
 #include "backend/multihost/net_costs.h"
 #include "common/config.h"
+#include "plan/plan.h"
 #include "varipath/across_hosts.h"
 
 namespace hoccl {
@@ -112,10 +113,22 @@ std::string MultiHostGroup::lastAlgorithm() const {
   return lastAlgo_;
 }
 
-bool MultiHostGroup::runsAsPlan(OpKind kind) const {
-  // all_gather, the one collective left with legs, measured slower as a plan from 1 MB
-  // (docs/multihost.md). all_to_all chooses for itself (alltoallBytes).
-  return kind != OpKind::AllGather || plansOnly_;
+bool MultiHostGroup::allGatherAsPlan(int64_t bytes) const {
+  // all_gather, the one collective left with legs (all_to_all chooses in alltoallBytes). Its plan
+  // measured ahead of the legs on uneven hosts (1.1-1.9x on 2, 1 and 2 ranks, where the legs'
+  // leaders trailed gloo from 1 MB) and where it goes host first (small blocks: ~30 % at 1 KB a
+  // rank on 2 x 2), level from 256 KB a rank, and ~10 % behind the rails legs at 16-64 KB a rank
+  // on even hosts (docs/multihost.md). Costs and layout are the group's: every rank agrees.
+  if (plansOnly_ || !layout_.even) return true;
+  if (legsOnly_) return false;
+  PlanRequest req;
+  req.kind = OpKind::AllGather;
+  req.world = size_;
+  req.rank = rank_;
+  req.hostOf = layout_.table.hostOf;
+  req.bytes = bytes;
+  req.netCosts = netCosts_;
+  return allGatherGoesHostFirst(req);
 }
 
 std::vector<TransferPhase> MultiHostGroup::lastAllToAllPhases() const {
@@ -223,11 +236,6 @@ void MultiHostGroup::local(const char* op,
                            const std::function<c10::intrusive_ptr<c10d::Work>(ProcessGroupHOCCL&)>& leg) {
   checkUsable(op);
   leg(*groups_.local)->wait();
-}
-
-void MultiHostGroup::across(const char* op, c10d::Backend& group, const std::vector<int>& members,
-                            const std::function<c10::intrusive_ptr<c10d::Work>(c10d::Backend&)>& leg) {
-  waitAcross(op, members, startAcross(op, group, members, leg));
 }
 
 c10::intrusive_ptr<c10d::Work> MultiHostGroup::startAcross(

@@ -1,6 +1,6 @@
 // The hoccl backend of a group whose ranks sit on more than one host. Every collective but
-// all_gather in auto (and all_to_all without the check across hosts) runs as one plan across
-// hosts, which the group of this host's ranks executes (planned.cpp, backend/across_hosts.cpp):
+// all_gather's mid-size blocks on even hosts (and all_to_all without the check across hosts) runs
+// as one plan across hosts, which the group of this host's ranks executes (planned.cpp, backend/across_hosts.cpp):
 // steps inside the host on its shared memory, network steps on the gloo network engine. Those
 // two may still run as legs:
 // inside a host on that local group, across hosts on torch's ProcessGroupGloo groups that the
@@ -152,9 +152,7 @@ class MultiHostGroup : public c10d::Backend {
   // Legs. Each waits for its work; an inter-host failure becomes hoccl's error naming the lost
   // host, and breaks the group on this host too so that no local peer waits out the timeout.
   void local(const char* op, const std::function<c10::intrusive_ptr<c10d::Work>(ProcessGroupHOCCL&)>& leg);
-  void across(const char* op, c10d::Backend& group, const std::vector<int>& members,
-              const std::function<c10::intrusive_ptr<c10d::Work>(c10d::Backend&)>& leg);
-  // across() in two halves, for legs that overlap others: start one, wait for it later.
+  // An inter-host leg in two halves, so that it overlaps others: start one, wait for it later.
   c10::intrusive_ptr<c10d::Work> startAcross(const char* op, c10d::Backend& group, const std::vector<int>& members,
                                              const std::function<c10::intrusive_ptr<c10d::Work>(c10d::Backend&)>& leg);
   void waitAcross(const char* op, const std::vector<int>& members, const c10::intrusive_ptr<c10d::Work>& work);
@@ -203,11 +201,13 @@ class MultiHostGroup : public c10d::Backend {
   std::vector<int> allRanks_;
   int64_t leaderMaxBytes_;
   bool checkAcrossHosts_;
-  // HOCCL_MULTIHOST_PATH: whether all_gather, and all_to_all without the check, the only
-  // collectives with legs, run as one plan across hosts too (plans) or as legs (auto, legs);
-  // every other collective is one plan across hosts on every path, send/recv point to point.
+  // HOCCL_MULTIHOST_PATH: whether all_gather on even hosts, and all_to_all without the check,
+  // the only collectives with legs, run as one plan across hosts too (plans), as legs (legs), or
+  // as whichever measured faster (auto: allGatherAsPlan); every other collective is one plan
+  // across hosts on every path, send/recv point to point.
   bool plansOnly_ = config::text("HOCCL_MULTIHOST_PATH") == "plans";
-  bool runsAsPlan(OpKind kind) const;
+  bool legsOnly_ = config::text("HOCCL_MULTIHOST_PATH") == "legs";
+  bool allGatherAsPlan(int64_t bytes) const;
   AllToAllHostsForm alltoallChoice_ = alltoallChoice(config::text("HOCCL_MULTIHOST_ALLTOALL"));
   NetCosts netCosts_;
   std::chrono::milliseconds timeout_;
