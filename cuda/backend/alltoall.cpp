@@ -223,27 +223,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::alltoall_base(at::Tensor& outp
   checkTensor(output, op, rank_);
   TORCH_CHECK(input.scalar_type() == output.scalar_type(), "hoccl ", op, " on rank ", rank_,
               ": input dtype ", input.scalar_type(), " differs from output dtype ", output.scalar_type());
-  auto splitsFor = [&](const at::Tensor& t, const std::vector<int64_t>& splits, const char* what) {
-    int64_t rows = t.dim() == 0 ? 1 : t.size(0);
-    std::vector<int64_t> s = splits;
-    if (s.empty()) {
-      TORCH_CHECK(rows % size_ == 0, "hoccl ", op, " on rank ", rank_, ": ", what, " has ", rows,
-                  " rows, not divisible by the world size ", size_, " (pass split sizes)");
-      s.assign(size_, rows / size_);
-    }
-    TORCH_CHECK(static_cast<int>(s.size()) == size_, "hoccl ", op, " on rank ", rank_, ": ", s.size(), " ",
-                what, " split sizes for ", size_, " ranks");
-    int64_t sum = 0;
-    for (auto v : s) {
-      TORCH_CHECK(v >= 0, "hoccl ", op, " on rank ", rank_, ": negative ", what, " split size ", v);
-      sum += v;
-    }
-    TORCH_CHECK(sum == rows, "hoccl ", op, " on rank ", rank_, ": ", what, " split sizes sum to ", sum,
-                " but the ", what, " has ", rows, " rows");
-    return s;
-  };
-  auto inSplits = splitsFor(input, inputSplits, "input");
-  auto outSplits = splitsFor(output, outputSplits, "output");
+  auto inSplits = rowSplits(input, inputSplits, size_, op, rank_, "input");
+  auto outSplits = rowSplits(output, outputSplits, size_, op, rank_, "output");
   at::Tensor in = input.contiguous();
   Staged out(output);
   return enqueue(c10d::OpType::ALLTOALL_BASE, {output}, [this, in, out, inSplits, outSplits, op] {

@@ -67,4 +67,25 @@ void checkRoot(int root, int size, const char* op, int rank) {
               " is outside the group of ", size, " ranks");
 }
 
+std::vector<int64_t> rowSplits(const at::Tensor& t, const std::vector<int64_t>& splits, int size, const char* op,
+                               int rank, const char* what) {
+  const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+  std::vector<int64_t> s = splits;
+  if (s.empty()) {
+    TORCH_CHECK(rows % size == 0, "hoccl ", op, " on rank ", rank, ": ", what, " has ", rows,
+                " rows, not divisible by the world size ", size, " (pass split sizes)");
+    s.assign(size, rows / size);
+  }
+  TORCH_CHECK(static_cast<int>(s.size()) == size, "hoccl ", op, " on rank ", rank, ": ", s.size(), " ", what,
+              " split sizes for ", size, " ranks");
+  int64_t sum = 0;
+  for (auto v : s) {
+    TORCH_CHECK(v >= 0, "hoccl ", op, " on rank ", rank, ": negative ", what, " split size ", v);
+    sum += v;
+  }
+  TORCH_CHECK(sum == rows, "hoccl ", op, " on rank ", rank, ": ", what, " split sizes sum to ", sum, " but the ",
+              what, " has ", rows, " rows");
+  return s;
+}
+
 }  // namespace hoccl

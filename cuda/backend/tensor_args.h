@@ -35,5 +35,9 @@ void checkSameAs(const at::Tensor& t, const at::Tensor& ref, const char* op, int
 inline at::Tensor reducible(const at::Tensor& t) { return t.is_complex() ? at::view_as_real(t) : t; }
 void checkReduceArgs(const at::Tensor& t, RedOp op, const char* opName, int rank);
 void checkRoot(int root, int size, const char* op, int rank);
+// all_to_all_single's split sizes for `t` (input or output, `what`): the given ones, checked
+// against its rows, or an even split of its rows over `size` ranks when none are given.
+std::vector<int64_t> rowSplits(const at::Tensor& t, const std::vector<int64_t>& splits, int size, const char* op,
+                               int rank, const char* what);
 
 }  // namespace hoccl
