@@ -1,8 +1,8 @@
 // The hoccl backend of a group whose ranks sit on more than one host. Every collective but
 // all_gather's mid-size blocks on even hosts (and all_to_all without the check across hosts) runs
-// as one plan across hosts, which the group of this host's ranks executes (planned.cpp, backend/across_hosts.cpp):
-// steps inside the host on its shared memory, network steps on the gloo network engine. Those
-// two may still run as legs:
+// as one plan across hosts, which the group of this host's ranks executes (planned.cpp,
+// backend/across_hosts.cpp): steps inside the host on its shared memory, network steps on the
+// gloo network engine. Those two may still run as legs:
 // inside a host on that local group, across hosts on torch's ProcessGroupGloo groups that the
 // Python creator made and this object owns: one per rail (the ranks with the same local index on
 // each host; rail 0 is the host leaders), one over every rank, one for send/recv (framed with a
