@@ -18,9 +18,9 @@ from dist_utils import run_ranks
 KIB = 1 << 10
 # Bytes around every threshold the mode moves: the one-shot limit (64K), the idle round (128K),
 # several idle rounds (1M + a remainder), and the start of direct reads (HOCCL_ALLREDUCE_CMA_MIN_BYTES,
-# 2M); odd element counts leave a remainder in the last round and uneven parts per rank.
+# 4M); odd element counts leave a remainder in the last round and uneven parts per rank.
 SIZES = [4, 64 * KIB - 4, 64 * KIB + 4, 128 * KIB - 2, 128 * KIB, 128 * KIB + 6, 1024 * KIB + 12,
-         2048 * KIB - 4, 2048 * KIB, 2048 * KIB + 8]
+         4096 * KIB - 4, 4096 * KIB, 4096 * KIB + 8]
 
 
 def _rank_input(rank: int, numel: int, dtype, case: int):

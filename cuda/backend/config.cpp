@@ -29,7 +29,7 @@ HocclConfig HocclConfig::fromEnv(int world) {
   c.crossMemoryMinBytes = config::bytes("HOCCL_CMA_MIN_BYTES");
   c.stagedRoundBytes = config::bytes("HOCCL_STAGED_ROUND_BYTES", 0, 4096);
   c.allReduceCrossMemoryMinBytes = config::bytes(
-      "HOCCL_ALLREDUCE_CMA_MIN_BYTES", config::isSet("HOCCL_CMA_MIN_BYTES") ? c.crossMemoryMinBytes : 2 << 20);
+      "HOCCL_ALLREDUCE_CMA_MIN_BYTES", config::isSet("HOCCL_CMA_MIN_BYTES") ? c.crossMemoryMinBytes : 4 << 20);
   // all_to_all pays process_vm_readv's fixed cost once per peer block: direct reads win once
   // each block is 16 KiB (measured at worlds 2 and 4, docs/mpi_comparison.md).
   c.allToAllCrossMemoryMinBytes = config::bytes(

@@ -21,7 +21,7 @@ struct HocclConfig {
   int64_t stagedRoundBytes = 0;
   // all_reduce stages below this (and crossMemoryMinBytes): two direct reads per byte with their
   // page pinning lose to copies through cache-sized rounds until the data outgrows the cache.
-  int64_t allReduceCrossMemoryMinBytes = 2 << 20;
+  int64_t allReduceCrossMemoryMinBytes = 4 << 20;
   int64_t allToAllCrossMemoryMinBytes = 0;  // all_to_all reads peers directly from this per-rank size
   int64_t allReduceDirectReadMaxBytes = 64 << 20;  // all_reduce: direct reads below bytes x world
   int64_t inlineMaxBytes = 64 << 10;  // run smaller collectives on the caller's thread when idle

@@ -35,7 +35,7 @@ const std::vector<Variable> kTable = {
      "other ops"},
     {"HOCCL_ALLREDUCE_CMA_MIN_BYTES", K::Bytes, R::Core, "auto", "",
      "all_reduce reads peers directly from this size up (and from HOCCL_CMA_MIN_BYTES); below, it stages; "
-     "auto: 2M, or HOCCL_CMA_MIN_BYTES when that is set"},
+     "auto: 4M, or HOCCL_CMA_MIN_BYTES when that is set"},
     {"HOCCL_ALLTOALL_CMA_MIN_BYTES", K::Bytes, R::Core, "auto", "",
      "all_to_all reads peers directly from this per-rank input size up; below, it stages; auto: 16K per "
      "peer block (world x 16K), or HOCCL_CMA_MIN_BYTES when that is set"},
