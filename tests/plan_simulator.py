@@ -50,8 +50,9 @@ Because the check is of the happens-before order and not of the interleaving tha
 run, a race is flagged in every order the ranks are run in (`order="random"` also runs them
 interleaved step by step with a seed, to exercise the scheduler itself).
 Also checked: indices and bounds of every location, slots and peer blocks only of ranks on the
-same host, slot buffers within the plan's buffers_used, every rank's plan agreeing on
-buffers_used, transfer and message numbering, copies whose source and destination overlap
+same host, slot buffers within the plan's buffers_used, the plans of every rank of a host
+agreeing on buffers_used (each host's slots have a cursor of their own, as the executors of its
+ranks keep it), transfer and message numbering, copies whose source and destination overlap
 partly, and reductions whose destination overlaps a source other than exactly.
 
 `run_layout(request, host_of, inputs, ...)` builds every rank's plan of a request with the real
@@ -264,7 +265,7 @@ class Simulator:
         self.shadows: dict[int, _Shadow] = {}
         self.slots = [[self._fresh_region(f"slot of rank {r} (buffer {b})", slot_bytes, r) for b in range(2)]
                       for r in range(world)]
-        self.cursor = 0
+        self.cursors = [0] * self.hosts  # per host: the slot cursor its ranks' executors share
         self.barrier_seq = [0] * world
         self.stats = {"steps": 0, "barriers": 0, "messages": 0, "bytes_sent": 0}
 
@@ -612,7 +613,7 @@ class Simulator:
     def _start_plan(self, r: int):
         st = self.state[r]
         plan = st.plans[st.plan_no]
-        st.cursor = self.cursor + sum(p["buffers_used"] for p in st.plans[:st.plan_no])
+        st.cursor = self.cursors[self.host_of[r]] + sum(p["buffers_used"] for p in st.plans[:st.plan_no])
         st.scratch = self._fresh_region(f"scratch of rank {r}", plan["scratch_bytes"], r)
         st.transfers = {}
         st.sent_to, st.received_from = {}, {}
@@ -653,10 +654,11 @@ class Simulator:
         if len(counts) != 1:
             raise SimulationError(f"ranks run different numbers of plans: {[len(p) for p in plans]}")
         for i in range(len(plans[0])):
-            used = [p[i]["buffers_used"] for p in plans]
-            if len(set(used)) != 1:
-                raise SimulationError(f"plan {i}: ranks disagree on buffers_used {used} (the slot cursor would "
-                                      f"diverge)")
+            for h in range(self.hosts):
+                used = {r: p[i]["buffers_used"] for r, p in enumerate(plans) if self.host_of[r] == h}
+                if len(set(used.values())) > 1:
+                    raise SimulationError(f"plan {i}: ranks of host {h} disagree on buffers_used {used} (their "
+                                          f"slot cursor would diverge)")
             for r, p in enumerate(plans):
                 nt = sum(s["kind"] in ("send", "recv") for s in p[i]["steps"])
                 if nt != p[i]["transfers"]:
@@ -739,7 +741,9 @@ class Simulator:
                      for lst in list(self.sends.values()) + list(self.recvs.values()) for tr in lst if tr.match is None]
         if unmatched:
             raise SimulationError("transfers never matched: " + "; ".join(unmatched))
-        self.cursor += sum(p["buffers_used"] for p in plans[0])
+        for h in set(self.host_of):
+            first = self.host_of.index(h)
+            self.cursors[h] += sum(p["buffers_used"] for p in plans[first])
         return dict(self.stats)
 
     def _deadlock(self):

@@ -114,8 +114,9 @@ LAYOUT_IDS = ["2x2", "3hosts-2-1-2", "2x1-unchecked"]
 
 @pytest.mark.parametrize("ranks,check,path",
                          [(r, c, p) for p in PATHS for r, c in LAYOUTS]
-                         + [([2, 2], "1", "auto"), ([2, 1, 2], "1", "auto")],
-                         ids=[f"{i}-{p}" for p in PATHS for i in LAYOUT_IDS] + ["2x2-auto", "3hosts-2-1-2-auto"])
+                         + [([2, 2], "1", "auto"), ([2, 1, 2], "1", "auto"), ([2, 1], "0", "auto")],
+                         ids=[f"{i}-{p}" for p in PATHS for i in LAYOUT_IDS]
+                         + ["2x2-auto", "3hosts-2-1-2-auto", "2-1-unchecked-auto"])
 def test_every_op_across_hosts(ranks, check, path):
     with Hosts(count=len(ranks), ranks=ranks) as hosts:
         env = dict(SLOTS, **AUTO_COSTS, HOCCL_CHECK_ACROSS_HOSTS=check, HOCCL_MULTIHOST_PATH=path)

@@ -279,7 +279,26 @@ def test_ops_in_a_row_share_the_slots():
             req = dict(STAGED, kind=kind, bytes=n * 4, elem_size=4, slot_bytes=slot, root=1, one_shot_max_bytes=32)
             outs, _, _ = run_layout(req, None, inputs, sim=sim)
             check_outputs(kind, outs, inputs, "sum", 1, f"{kind} n={n} in a row", dtype)
-    assert sim.cursor > 0
+    assert sim.cursors[0] > 0
+
+
+@pytest.mark.parametrize("host_of", [[0, 0, 1, 2, 2], [0, 0, 0, 1]], ids=["2-1-2", "3-1"])
+def test_ops_across_hosts_in_a_row_share_each_hosts_slots(host_of):
+    """The same across hosts: each host's slots have their own cursor, advanced by what that
+    host's plans used (hosts hand off different numbers of pieces), and no op overwrites a slot
+    an earlier op's reader on that host may still read."""
+    world, slot, dtype = len(host_of), 64, torch.int32
+    sim = Simulator(world, slot, host_of)
+    case = 0
+    for n in (5, 17, 40):
+        for kind in CROSS_HOST_KINDS:
+            for root in (0, world - 1):
+                case += 1
+                inputs = inputs_for(kind, world, n, dtype, 5000 + case, root=root)
+                req = dict(kind=kind, bytes=n * 4, elem_size=4, slot_bytes=slot, root=root, net_chunk_bytes=24)
+                outs, _, _ = run_layout(req, host_of, inputs, sim=sim, order="random", seed=case)
+                check_outputs(kind, outs, inputs, "sum", root, f"{kind} n={n} root={root} {host_of}", dtype)
+    assert len(set(sim.cursors)) > 1, sim.cursors
 
 
 # ---------------------------------------------------------------------------------------------

@@ -391,6 +391,47 @@ def test_all_to_all_sixteen_ranks_and_random_orders(form):
                            what=f"all_to_all {form} {layout} seed={seed}")
 
 
+def own_splits_request(host_of, m, r, es=4):
+    """What rank r knows without a split matrix gathered across hosts (HOCCL_CHECK_ACROSS_HOSTS=0,
+    ProcessGroupHOCCL::exchangeHostSplits): its own row and column, and every pair of its host."""
+    W, h = len(host_of), host_of[r]
+    local = [q for q in range(W) if host_of[q] == h]
+    pairs = [(s, d, m[s][d] * es) for s in local for d in local]
+    for q in range(W):
+        if host_of[q] != h:
+            pairs += [(r, q, m[r][q] * es), (q, r, m[q][r] * es)]
+    host_bytes = sum(m[s][d] * es for s in local for d in local)
+    return dict(kind="all_to_all", world=W, rank=r, host_of=host_of, bytes=host_bytes // len(local), elem_size=1,
+                slot_bytes=SLOT, phases=[pairs], all_to_all_form="direct")
+
+
+@pytest.mark.parametrize("layout", list(ACROSS), ids=list(ACROSS))
+def test_all_to_all_direct_from_own_splits(layout):
+    """The direct form planned by each rank from its own splits and its host's (no matrix across
+    hosts): every split shape delivers the reference, in random orders, with the minimum bytes."""
+    from hoccl_backend import _C
+
+    host_of = LAYOUTS[layout]
+    world = len(host_of)
+    rng = random.Random(world * 13)
+    for i, shape in enumerate(A2A_SHAPES):
+        m = split_matrix(shape, world, rng)
+        inputs = [[make_input(s, 900 + d, m[s][d], F32) for d in range(world)] for s in range(world)]
+        plans = [_C.build_plan(own_splits_request(host_of, m, r)) for r in range(world)]
+        assert {p["algo"] for p in plans} == {"alltoall/hosts-direct"}, shape
+        ins, outs = make_blocks("all_to_all", world, inputs)
+        what = f"own splits {layout} {shape}"
+        try:
+            Simulator(world, SLOT, host_of).run(plans, ins, outs, dtype=F32, order="random", seed=i)
+        except SimulationError as e:
+            raise AssertionError(f"{what}: {e}") from None
+        for r, exp in enumerate(expected_outputs("all_to_all", inputs, "sum", 0)):
+            for b, (got, want) in enumerate(zip(outs[r], exp)):
+                assert torch.equal(got, want), f"{what}: rank {r} block {b}"
+        cross = sum(m[s][d] * 4 for s in range(world) for d in range(world) if host_of[s] != host_of[d])
+        assert sent(plans) == received(plans) == cross, what
+
+
 def test_rail_aggregates_messages():
     """On 2 hosts x 4 ranks with every pair non-empty, direct sends each rank 4 messages, rail 1."""
     host_of = LAYOUTS["2x4"]

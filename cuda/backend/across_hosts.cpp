@@ -1,6 +1,8 @@
 // Collectives of a group whose ranks sit on several hosts, run by the group of each host's ranks
 // as one plan across hosts: the plan's steps inside the host use this group's shared memory and
 // barriers, its Send/Recv steps the network transport the multi-host group handed in.
+#include <sstream>
+
 #include "backend/collective.h"
 #include "backend/tensor_args.h"
 
@@ -51,10 +53,73 @@ void ProcessGroupHOCCL::runAcrossHosts(Collective& c) {
       throw std::runtime_error(std::string("hoccl ") + c.opName + " on rank " + std::to_string(hosts.rank) +
                                ": the group was aborted: " + group_->abortMessage());
   };
+  if (c.req.kind == OpKind::AllToAll && c.req.phases.empty()) exchangeHostSplits(c);
   c.ctx.validate = [&](uint32_t p) { validateDescriptors(c, p); };
   std::shared_ptr<const Plan> plan = hostPlanFor(c.req);
   promoteReusedBuffers(c, plan->readsPeers());
   runPlan(c, plan);
+}
+
+// all_to_all that gathers no split matrix across hosts (HOCCL_CHECK_ACROSS_HOSTS=0): the direct
+// form needs, for a cross-host block, only its sender's and its receiver's own sizes, and for the
+// blocks inside a host the sizes of that host's ranks, which they trade here through the splits
+// table at one host barrier (as on one host). Every rank of a host then builds the same
+// same-host part, and the same slot use, without a network round before the data.
+void ProcessGroupHOCCL::exchangeHostSplits(Collective& c) {
+  const HostsContext& hosts = *hostsCtx_;
+  std::vector<int> globalOf(static_cast<size_t>(size_));
+  for (int g = 0; g < hosts.world; ++g)
+    if (hosts.localIndex[g] >= 0) globalOf[hosts.localIndex[g]] = g;
+  std::vector<int64_t> send(size_), recv(size_);
+  for (int l = 0; l < size_; ++l) {
+    send[l] = c.sendBytes[globalOf[l]];
+    recv[l] = c.recvBytes[globalOf[l]];
+  }
+  const uint32_t parity = executor_->nextBarrier() & 1;
+  group_->publishSplits(parity, send, recv);
+  Plan exchange;
+  exchange.algo = "alltoall/host-splits";
+  exchange.steps.push_back(Step::barrier(Scope::Host));
+  ExecContext ctx = c.ctx;
+  ctx.validate = [&](uint32_t p) {
+    validateDescriptors(c, p);
+    checkHostSplits(c, p, globalOf);
+  };
+  executor_->run(exchange, ctx);
+  TransferPhase pairs;
+  int64_t hostBytes = 0;
+  for (int s = 0; s < size_; ++s)
+    for (int d = 0; d < size_; ++d) {
+      const int64_t b = group_->splits(s, parity)[d];
+      pairs.push_back({globalOf[s], globalOf[d], b});
+      hostBytes += b;
+    }
+  for (int g = 0; g < hosts.world; ++g) {
+    if (hosts.localIndex[g] >= 0) continue;
+    pairs.push_back({hosts.rank, g, c.sendBytes[g]});
+    pairs.push_back({g, hosts.rank, c.recvBytes[g]});
+  }
+  c.req.phases = {std::move(pairs)};
+  c.req.allToAllForm = AllToAllHostsForm::Direct;
+  // Plan choices agree within the host (the only ranks whose plans must match step for step).
+  c.req.bytes = hostBytes / size_;
+}
+
+// The sizes of the blocks between the host's ranks, which their shared table checks for free;
+// the cross-host blocks go unchecked, as HOCCL_CHECK_ACROSS_HOSTS=0 says.
+void ProcessGroupHOCCL::checkHostSplits(const Collective& c, uint32_t parity, const std::vector<int>& globalOf) const {
+  std::ostringstream err;
+  for (int s = 0; s < size_; ++s)
+    for (int d = 0; d < size_; ++d) {
+      const int64_t sent = group_->splits(s, parity)[d];
+      const int64_t expected = group_->splits(d, parity)[size_ + s];
+      if (sent != expected)
+        err << "; rank " << globalOf[s] << " sends " << sent << " bytes to rank " << globalOf[d] << " but rank "
+            << globalOf[d] << " expects " << expected << " bytes from rank " << globalOf[s];
+    }
+  if (err.tellp() > 0)
+    throw std::invalid_argument(std::string("hoccl ") + c.opName + " on rank " + std::to_string(hostsCtx_->rank) +
+                                ": split sizes disagree between senders and receivers" + err.str());
 }
 
 void ProcessGroupHOCCL::runAcrossHosts(const HostsOp& op, int64_t netTag) {
@@ -67,6 +132,8 @@ void ProcessGroupHOCCL::runAcrossHosts(const HostsOp& op, int64_t netTag) {
     c.req.bytes = op.bytes;
     c.req.phases = op.phases;
     c.req.allToAllForm = op.allToAllForm;
+    c.sendBytes = op.sendBytes;
+    c.recvBytes = op.recvBytes;
     c.ctx.in = op.in;
     c.ctx.out = op.out;
     c.ctx.dtype = op.dtype;

@@ -96,6 +96,9 @@ class ProcessGroupHOCCL : public c10d::Backend {
     RedOp op = RedOp::Sum;
     double factor = 1.0;
     std::vector<TransferPhase> phases;  // all_to_all: every pair's bytes
+    // all_to_all without the whole matrix (phases empty): this rank's send and receive bytes per
+    // rank of the whole group; the host's ranks trade theirs through shared memory.
+    std::vector<int64_t> sendBytes, recvBytes;
     AllToAllHostsForm allToAllForm = AllToAllHostsForm::Auto;
   };
   void runAcrossHosts(const HostsOp& op, int64_t netTag);
@@ -282,6 +285,9 @@ class ProcessGroupHOCCL : public c10d::Backend {
   // Runs a collective of the whole group across hosts (the caller set c.ctx.net).
   void runAcrossHosts(Collective& c);
   std::shared_ptr<const Plan> hostPlanFor(const PlanRequest& req);
+  // all_to_all from own splits: the request's pairs from this rank's splits and its host's.
+  void exchangeHostSplits(Collective& c);
+  void checkHostSplits(const Collective& c, uint32_t parity, const std::vector<int>& globalOf) const;
   std::shared_ptr<const std::vector<TransferPhase>> lastAllToAllPhases_;  // guarded by lastAlgoMutex_
 };
 

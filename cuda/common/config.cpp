@@ -91,9 +91,7 @@ const std::vector<Variable> kTable = {
     {"HOCCL_MULTIHOST_PATH", K::Choice, R::Core, "auto", "auto,legs,plans",
      "across hosts, every collective but send/recv runs as one plan spanning the hosts (its network "
      "steps on the inter-host engine), except, on even hosts, all_gather's mid-size blocks, which auto "
-     "runs as legs (separate host and inter-host collectives; legs: at every size), and all_to_all "
-     "without HOCCL_CHECK_ACROSS_HOSTS, which skips the split exchange on its direct legs; plans: "
-     "those too"},
+     "runs as legs (separate host and inter-host collectives; legs: at every size); plans: those too"},
     {"HOCCL_NET_MESSAGE_US", K::Integer, R::Core, "auto", "",
      "across hosts, the network engine's cost per message that all_to_all's cost model uses; auto: measured "
      "when the group is created (the median of eight round trips of an 8-byte message)"},

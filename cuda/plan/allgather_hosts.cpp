@@ -50,7 +50,6 @@ Plan planGatherHosts(const PlanRequest& req) {
   for (auto& in : incoming) in.waitAll(p);
   p.waitAll(sends);
   ensureClosingHostBarrier(p);
-  agreeOnBuffers(p, slotRounds(req, pieces, n));
   return p;
 }
 
@@ -72,7 +71,7 @@ std::vector<SharedPiece> ownBlocks(const HostView& hv, int h) {
 
 // The rail form hands blocks on by direct reads where this host's ranks read each other's memory
 // and blocks are large enough for a read's fixed cost: no staging copies (hostReadsPeers is
-// per host; the staged count of buffers still sets every host's cursor).
+// per host, as is the slot cursor).
 bool readsHostPeers(const PlanRequest& req, const HostView& hv) {
   return req.hostReadsPeers && hv.localSize(hv.host(req.rank)) > 1 && req.bytes >= req.crossMemoryMinBytes;
 }
@@ -151,7 +150,6 @@ Plan planAllGatherHostFirst(const PlanRequest& req) {
   }
   p.waitAll(sends);
   ensureHostBarrier(p);
-  agreeOnBuffers(p, mostSlotRounds(req, hv, n, [&](int h) { return ownBlocks(hv, h); }));
   return p;
 }
 
@@ -212,7 +210,6 @@ Plan planAllGatherRail(const PlanRequest& req) {
   for (auto& in : incoming) in.waitAll(p);
   p.waitAll(sends);
   ensureHostBarrier(p);
-  agreeOnBuffers(p, mostSlotRounds(req, hv, n, [&](int h) { return piecesOf(h, nullptr); }));
   return p;
 }
 

@@ -73,10 +73,8 @@ Plan planAllToAllHostsDirect(const PlanRequest& req) {
   p.buffersUsed = local.buffersUsed;
   p.waitAll(ts);
   ensureHostBarrier(p);
-  int most = p.buffersUsed;
-  for (int h = 0; h < hv.hosts(); ++h)
-    if (h != host) most = std::max(most, sameHostPlan(req, hv, h).buffersUsed);
-  agreeOnBuffers(p, most);
+  // Only this host's pairs decide its slot use, so that a rank that knows its host's splits and
+  // its own (no matrix gathered across hosts) plans as well as one that knows them all.
   return p;
 }
 
@@ -210,10 +208,6 @@ Plan planAllToAllHostsRail(const PlanRequest& req) {
   }
   p.waitAll(sends);
   ensureHostBarrier(p);
-  int most = 0;
-  for (int h = 0; h < hv.hosts(); ++h)
-    most = std::max(most, stageRounds(req, hostLeg(hv, m, h), [](int, const auto&) {}));
-  agreeOnBuffers(p, most);
   return p;
 }
 

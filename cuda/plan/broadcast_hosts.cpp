@@ -52,7 +52,6 @@ Plan planBroadcastHosts(const PlanRequest& req) {
   incoming.waitAll(p);
   p.waitAll(sends);
   ensureHostBarrier(p);
-  agreeOnBuffers(p, mostSlotRounds(req, hv, n, piecesOf));
   return p;
 }
 
@@ -81,7 +80,6 @@ Plan planScatterHosts(const PlanRequest& req) {
   incoming.waitAll(p);
   p.waitAll(sends);
   ensureClosingHostBarrier(p);
-  agreeOnBuffers(p, slotRounds(req, pieces, n));
   return p;
 }
 

@@ -99,12 +99,6 @@ inline SlotLayout slotLayout(const PlanRequest& req, const std::vector<SharedPie
   return l;
 }
 
-// The staging rounds (slot buffers) a hand-off of `pieces` takes.
-inline int slotRounds(const PlanRequest& req, const std::vector<SharedPiece>& pieces, int64_t bytes) {
-  const SlotLayout l = slotLayout(req, pieces, bytes);
-  return l.part == 0 ? 0 : static_cast<int>((bytes + l.part - 1) / l.part * l.batches);
-}
-
 // Hands `pieces` (every piece of this host, the same list on every rank of the host) to their
 // readers through staging slots, in rounds: each owner stages a chunk of each of its pieces, in
 // list order, into its slot, one host barrier, readers copy out. beforeStage(i, end) runs on the
@@ -140,23 +134,4 @@ inline void shareThroughSlots(Plan& p, const PlanRequest& req, const std::vector
     }
   });
 }
-// The most staging rounds any host's hand-off takes (piecesOf(h): host h's pieces), which every
-// rank of the group agrees its buffers on (agreeOnBuffers).
-template <typename PiecesOf>
-int mostSlotRounds(const PlanRequest& req, const HostView& hv, int64_t bytes, PiecesOf&& piecesOf) {
-  int most = 0;
-  for (int h = 0; h < hv.hosts(); ++h) most = std::max(most, slotRounds(req, piecesOf(h), bytes));
-  return most;
-}
-
-// Every rank of the group advances its slot cursor by the same count (the most buffers any
-// host's plan uses), so that the cursors of all hosts stay equal. A host whose plan used fewer
-// buffers by an odd count would start the next plan in the buffer its last round's readers may
-// still be reading: it ends with a host barrier. (A plan that used none has barriers after any
-// earlier plan's reads: every plan has one.)
-inline void agreeOnBuffers(Plan& p, int most) {
-  if (p.buffersUsed > 0 && (most - p.buffersUsed) % 2 != 0) p.steps.push_back(Step::barrier(Scope::Host));
-  p.buffersUsed = most;
-}
-
 }  // namespace hoccl

@@ -152,9 +152,9 @@ def check_all_to_all(pg, rank: int, world: int, form: str | None = None) -> int:
     list the form's transfers for the split matrix (none where the legs gathered no matrix)."""
     import os
 
-    # Only the direct legs, run without the check across hosts, gather no split matrix.
-    no_matrix = (os.environ.get("HOCCL_MULTIHOST_PATH", "auto") != "plans" and form != "rail"
-                 and os.environ.get("HOCCL_CHECK_ACROSS_HOSTS") == "0")
+    # Without the check across hosts the direct form plans from each rank's own splits and its
+    # host's: no split matrix is gathered.
+    no_matrix = form != "rail" and os.environ.get("HOCCL_CHECK_ACROSS_HOSTS") == "0"
 
     def ran(what, splits=None, dtype=None):
         if form is not None:

@@ -1,9 +1,7 @@
-// all_to_all across hosts. With the split check (the default), a forced rail form or
-// HOCCL_MULTIHOST_PATH=plans it is one plan across hosts (planned.cpp), whose form VarioPath's
-// cost model picks from the gathered split matrix. Without the check no rank needs the matrix,
-// and these legs skip gathering it: blocks between ranks of one host move through the host's
-// shared memory while the blocks that cross hosts go straight to their destination over the
-// global gloo group, at the same time (the direct form of docs/multihost.md).
+// all_to_all across hosts: argument checks, then one plan across hosts. With the split check (the
+// default) or a forced rail form, the plan's form is picked by VarioPath's cost model from the
+// gathered split matrix (planned.cpp); without the check, the direct form from each rank's own
+// splits (ProcessGroupHOCCL::exchangeHostSplits).
 #include "backend/multihost/legs.h"
 #include "backend/multihost/multihost_group.h"
 #include "backend/tensor_args.h"
@@ -33,9 +31,10 @@ std::vector<at::Tensor> byteBlocks(const at::Tensor& t, const std::vector<int64_
 
 }  // namespace
 
-// A plan needs every rank's splits, one message round before the data; the legs' direct form needs
-// only this rank's own, so without the check it saves that round (4 KB-1 MB on 2x2: as fast as
-// gloo, where the plan with its split exchange takes 1.3-1.5x: docs/multihost.md).
+// With the check (or the rail form, which relays by the whole matrix) every rank gathers the split
+// matrix first, one message round before the data. Without it the direct form needs only this
+// rank's own splits and its host's, traded inside the host: no round across hosts before the data
+// (4 KB-1 MB on 2x2: as fast as gloo, where the split exchange costs 1.3-1.5x: docs/multihost.md).
 void MultiHostGroup::alltoallBytes(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs,
                                    const char* op) {
   std::vector<int64_t> sendBytes, recvBytes;
@@ -43,44 +42,19 @@ void MultiHostGroup::alltoallBytes(const std::vector<at::Tensor>& ins, const std
     sendBytes.push_back(ins[r].numel());
     recvBytes.push_back(outs[r].numel());
   }
-  if (checkAcrossHosts_ || plansOnly_ || alltoallChoice_ == AllToAllHostsForm::Relay)
+  if (checkAcrossHosts_ || alltoallChoice_ == AllToAllHostsForm::Relay)
     return alltoallPlanned(ins, outs, op, sendBytes, recvBytes);
-  {
-    std::lock_guard<std::mutex> lock(stateMutex_);
-    lastPhases_.clear();
-  }
-  alltoallDirect(ins, outs, op);
-}
-
-void MultiHostGroup::alltoallDirect(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs,
-                                    const char* op) {
-  setAlgorithm("multihost_direct");
-  std::vector<at::Tensor> localIns, localOuts;
+  ProcessGroupHOCCL::HostsOp o{op, OpKind::AllToAll};
   for (int r = 0; r < size_; ++r) {
-    if (layout_.hostOf(r) != host_) continue;
-    localIns.push_back(ins[r]);
-    localOuts.push_back(outs[r]);
+    o.in.push_back(ptr(ins[r]));
+    o.out.push_back(ptr(outs[r]));
   }
-  // Cross-host blocks go point to point straight from the input and into the output (a packed
-  // all_to_all would copy every crossing byte twice more); a tag of their own per op keeps them
-  // apart from the global group's collectives.
-  const int tag = crossTag();
-  std::vector<c10::intrusive_ptr<c10d::Work>> crossing;
-  const auto posted = std::chrono::steady_clock::now();
-  auto post = [&](bool isSend, int peer, const at::Tensor& block) {
-    if (layout_.hostOf(peer) == host_ || block.numel() == 0) return;
-    crossing.push_back(startTransfer(op, *groups_.global, allRanks_, isSend, peer, block, tag));
-  };
-  for (int r = 0; r < size_; ++r) post(false, r, outs[r]);
-  for (int r = 0; r < size_; ++r) post(true, r, ins[r]);
-  try {
-    local(op, [&](ProcessGroupHOCCL& g) { return g.alltoall(localOuts, localIns, c10d::AllToAllOptions()); });
-  } catch (...) {
-    // gloo may still be writing into the outputs: let the transfers end before they can be freed.
-    legs::drain(crossing, posted + timeout_);
-    throw;
-  }
-  for (auto& w : crossing) waitAcross(op, allRanks_, w);
+  o.sendBytes = std::move(sendBytes);
+  o.recvBytes = std::move(recvBytes);
+  planned(op, [&](ProcessGroupHOCCL& host, int64_t tag) { host.runAcrossHosts(o, tag); });
+  setAlgorithm("multihost_direct");
+  std::lock_guard<std::mutex> lock(stateMutex_);
+  lastPhases_.clear();
 }
 
 c10::intrusive_ptr<c10d::Work> MultiHostGroup::alltoall_base(at::Tensor& output, at::Tensor& userInput,

@@ -232,12 +232,6 @@ void MultiHostGroup::checkUsable(const char* op) const {
   TORCH_CHECK(broken_.empty(), "hoccl ", op, " on rank ", rank_, ": the group is broken: ", broken_);
 }
 
-void MultiHostGroup::local(const char* op,
-                           const std::function<c10::intrusive_ptr<c10d::Work>(ProcessGroupHOCCL&)>& leg) {
-  checkUsable(op);
-  leg(*groups_.local)->wait();
-}
-
 c10::intrusive_ptr<c10d::Work> MultiHostGroup::startAcross(
     const char* op, c10d::Backend& group, const std::vector<int>& members,
     const std::function<c10::intrusive_ptr<c10d::Work>(c10d::Backend&)>& leg) {

@@ -1,8 +1,7 @@
 // The hoccl backend of a group whose ranks sit on more than one host. Every collective but
-// all_gather's mid-size blocks on even hosts (and all_to_all without the check across hosts) runs
-// as one plan across hosts, which the group of this host's ranks executes (planned.cpp,
-// backend/across_hosts.cpp): steps inside the host on its shared memory, network steps on the
-// gloo network engine. Those two may still run as legs:
+// all_gather's mid-size blocks on even hosts runs as one plan across hosts, which the group of
+// this host's ranks executes (planned.cpp, backend/across_hosts.cpp): steps inside the host on its
+// shared memory, network steps on the gloo network engine. Those blocks may still run as legs:
 // inside a host on that local group, across hosts on torch's ProcessGroupGloo groups that the
 // Python creator made and this object owns: one per rail (the ranks with the same local index on
 // each host; rail 0 is the host leaders), one over every rank, one for send/recv (framed with a
@@ -151,7 +150,6 @@ class MultiHostGroup : public c10d::Backend {
 
   // Legs. Each waits for its work; an inter-host failure becomes hoccl's error naming the lost
   // host, and breaks the group on this host too so that no local peer waits out the timeout.
-  void local(const char* op, const std::function<c10::intrusive_ptr<c10d::Work>(ProcessGroupHOCCL&)>& leg);
   // An inter-host leg in two halves, so that it overlaps others: start one, wait for it later.
   c10::intrusive_ptr<c10d::Work> startAcross(const char* op, c10d::Backend& group, const std::vector<int>& members,
                                              const std::function<c10::intrusive_ptr<c10d::Work>(c10d::Backend&)>& leg);
@@ -187,7 +185,6 @@ class MultiHostGroup : public c10d::Backend {
                        const std::vector<int64_t>& sendBytes, const std::vector<int64_t>& recvBytes);
   SplitMatrix exchangeSplitsPlanned(const char* op, const std::vector<int64_t>& sendBytes,
                                     const std::vector<int64_t>& recvBytes);
-  void alltoallDirect(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs, const char* op);
   // A gloo tag for one op's point-to-point transfers (global or rail group), above the tags
   // torch uses on a group (worker thread only).
   int crossTag() { return (1 << 30) | static_cast<int>(crossTags_++ & ((1u << 30) - 1)); }
@@ -201,10 +198,10 @@ class MultiHostGroup : public c10d::Backend {
   std::vector<int> allRanks_;
   int64_t leaderMaxBytes_;
   bool checkAcrossHosts_;
-  // HOCCL_MULTIHOST_PATH: whether all_gather on even hosts, and all_to_all without the check,
-  // the only collectives with legs, run as one plan across hosts too (plans), as legs (legs), or
-  // as whichever measured faster (auto: allGatherAsPlan); every other collective is one plan
-  // across hosts on every path, send/recv point to point.
+  // HOCCL_MULTIHOST_PATH: whether all_gather on even hosts, the only collective with legs, runs
+  // as one plan across hosts too (plans), as legs (legs), or as whichever measured faster (auto:
+  // allGatherAsPlan); every other collective is one plan across hosts on every path, send/recv
+  // point to point.
   bool plansOnly_ = config::text("HOCCL_MULTIHOST_PATH") == "plans";
   bool legsOnly_ = config::text("HOCCL_MULTIHOST_PATH") == "legs";
   bool allGatherAsPlan(int64_t bytes) const;
