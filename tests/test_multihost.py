@@ -308,6 +308,38 @@ def test_mismatch_across_hosts_raises_everywhere():
     print({name: error for name, (error, _) in results[0].items()})
 
 
+def unchecked_split_mismatch_inside_a_host(rank, world):
+    """HOCCL_CHECK_ACROSS_HOSTS=0: rank 2 sends rank 3 (its host peer) one row more than rank 3
+    expects. Returns what this rank raised (or "no error") and how long the op took."""
+    import torch
+    import torch.distributed as dist
+
+    extra = 1 if rank == 2 else 0
+    inp = torch.ones(world + extra)
+    splits = [1 + (extra if d == 3 else 0) for d in range(world)]
+    started = time.monotonic()
+    try:
+        dist.all_to_all_single(torch.empty(world), inp, [1] * world, splits)
+        seen = "no error"
+    except Exception as e:  # noqa: BLE001 - the message is the result
+        seen = str(e)
+    return seen, time.monotonic() - started
+
+
+def test_unchecked_all_to_all_checks_the_splits_inside_each_host():
+    """Without the check across hosts nothing crosses a host to compare splits, but the ranks of
+    one host compare theirs in shared memory for free: a mismatch there raises on that host,
+    naming the ranks of the whole group."""
+    with Hosts(count=2, ranks=[2, 2]) as hosts:
+        results = hosts.run_ranks(unchecked_split_mismatch_inside_a_host, backend="hoccl", pg_timeout=60,
+                                  env={"HOCCL_CHECK_ACROSS_HOSTS": "0"}, timeout=300)
+    for rank in (2, 3):
+        error, took = results[rank]
+        assert "split sizes disagree" in error and "rank 2 sends 8 bytes to rank 3 but rank 3 expects 4" in error, \
+            f"rank {rank}: {error}"
+        assert took < 10, f"rank {rank}: raised after {took:.1f} s"
+
+
 def send_recv_sizes_across_hosts(rank, world):
     """Rank 0 (host 0) sends rank 1 (host 1) messages longer and shorter than the recvs expect,
     small (inline in the header) and large (a payload of its own), then correct ones in several

@@ -391,38 +391,62 @@ def test_all_to_all_sixteen_ranks_and_random_orders(form):
                            what=f"all_to_all {form} {layout} seed={seed}")
 
 
-def own_splits_request(host_of, m, r, es=4):
-    """What rank r knows without a split matrix gathered across hosts (HOCCL_CHECK_ACROSS_HOSTS=0,
-    ProcessGroupHOCCL::exchangeHostSplits): its own row and column, and every pair of its host."""
-    W, h = len(host_of), host_of[r]
+def own_splits_request(host_of, m, r, reads, es=4):
+    """What rank r plans from without a split matrix gathered across hosts
+    (HOCCL_CHECK_ACROSS_HOSTS=0, ProcessGroupHOCCL::planFromOwnSplits): where its host's ranks read
+    each other's memory, its own row and column alone (each receiver pulls its same-host blocks);
+    else also every pair of its host, traded at a host barrier before the plan."""
+    W, h, r_ = len(host_of), host_of[r], r
+    pairs = [(r, r, m[r][r] * es)]
+    if reads:
+        for q in range(W):
+            if q != r:
+                pairs += [(r, q, m[r][q] * es), (q, r, m[q][r] * es)]
+        return dict(kind="all_to_all", world=W, rank=r, host_of=host_of, bytes=0, elem_size=1, slot_bytes=SLOT,
+                    phases=[pairs], all_to_all_form="direct", host_reads_peers=True, cross_memory_min_bytes=0)
     local = [q for q in range(W) if host_of[q] == h]
     pairs = [(s, d, m[s][d] * es) for s in local for d in local]
     for q in range(W):
         if host_of[q] != h:
-            pairs += [(r, q, m[r][q] * es), (q, r, m[q][r] * es)]
+            pairs += [(r_, q, m[r_][q] * es), (q, r_, m[q][r_] * es)]
     host_bytes = sum(m[s][d] * es for s in local for d in local)
     return dict(kind="all_to_all", world=W, rank=r, host_of=host_of, bytes=host_bytes // len(local), elem_size=1,
                 slot_bytes=SLOT, phases=[pairs], all_to_all_form="direct")
 
 
+@pytest.mark.parametrize("reads", [False, True], ids=["staged", "host-reads-peers"])
 @pytest.mark.parametrize("layout", list(ACROSS), ids=list(ACROSS))
-def test_all_to_all_direct_from_own_splits(layout):
-    """The direct form planned by each rank from its own splits and its host's (no matrix across
-    hosts): every split shape delivers the reference, in random orders, with the minimum bytes."""
+def test_all_to_all_direct_from_own_splits(layout, reads):
+    """The direct form planned by each rank from its own splits (and, staged, its host's) with no
+    matrix across hosts: every split shape delivers the reference, in random orders, with the
+    minimum bytes; reading peers in place, each rank posts its network transfers before its
+    first barrier."""
     from hoccl_backend import _C
 
     host_of = LAYOUTS[layout]
     world = len(host_of)
     rng = random.Random(world * 13)
+    # Staged, the backend's split exchange inside the host is a barrier before the plan.
+    exchange = dict(algo="alltoall/host-splits", buffers_used=0, scratch_bytes=0, transfers=0,
+                    steps=[dict(kind="barrier", scope="host")])
     for i, shape in enumerate(A2A_SHAPES):
         m = split_matrix(shape, world, rng)
         inputs = [[make_input(s, 900 + d, m[s][d], F32) for d in range(world)] for s in range(world)]
-        plans = [_C.build_plan(own_splits_request(host_of, m, r)) for r in range(world)]
+        plans = [_C.build_plan(own_splits_request(host_of, m, r, reads)) for r in range(world)]
         assert {p["algo"] for p in plans} == {"alltoall/hosts-direct"}, shape
+        local_pairs = any(m[s][d] for s in range(world) for d in range(world) if s != d and host_of[s] == host_of[d])
+        reads_peer = any(s["kind"] == "copy" and s["src"]["space"] == "peer_in" for p in plans for s in p["steps"])
+        assert reads_peer == (reads and local_pairs), shape
+        if reads:
+            for p in plans:
+                kinds = [s["kind"] for s in p["steps"]]
+                first = kinds.index("barrier")
+                assert all(i < first for i, k in enumerate(kinds) if k in ("send", "recv")), shape
         ins, outs = make_blocks("all_to_all", world, inputs)
         what = f"own splits {layout} {shape}"
         try:
-            Simulator(world, SLOT, host_of).run(plans, ins, outs, dtype=F32, order="random", seed=i)
+            Simulator(world, SLOT, host_of).run(plans if reads else [[dict(exchange), p] for p in plans], ins, outs,
+                                                dtype=F32, order="random", seed=i)
         except SimulationError as e:
             raise AssertionError(f"{what}: {e}") from None
         for r, exp in enumerate(expected_outputs("all_to_all", inputs, "sum", 0)):

@@ -53,41 +53,63 @@ void ProcessGroupHOCCL::runAcrossHosts(Collective& c) {
       throw std::runtime_error(std::string("hoccl ") + c.opName + " on rank " + std::to_string(hosts.rank) +
                                ": the group was aborted: " + group_->abortMessage());
   };
-  if (c.req.kind == OpKind::AllToAll && c.req.phases.empty()) exchangeHostSplits(c);
   c.ctx.validate = [&](uint32_t p) { validateDescriptors(c, p); };
+  const bool ownSplits = c.req.kind == OpKind::AllToAll && c.req.phases.empty();
+  if (ownSplits) planFromOwnSplits(c);  // promotes before any barrier publishes the addresses
   std::shared_ptr<const Plan> plan = hostPlanFor(c.req);
-  promoteReusedBuffers(c, plan->readsPeers());
+  if (!ownSplits) promoteReusedBuffers(c, plan->readsPeers());
   runPlan(c, plan);
 }
 
-// all_to_all that gathers no split matrix across hosts (HOCCL_CHECK_ACROSS_HOSTS=0): the direct
-// form needs, for a cross-host block, only its sender's and its receiver's own sizes, and for the
-// blocks inside a host the sizes of that host's ranks, which they trade here through the splits
-// table at one host barrier (as on one host). Every rank of a host then builds the same
-// same-host part, and the same slot use, without a network round before the data.
-void ProcessGroupHOCCL::exchangeHostSplits(Collective& c) {
+// all_to_all that gathers no split matrix across hosts (HOCCL_CHECK_ACROSS_HOSTS=0), in the
+// direct form: a cross-host block needs only its sender's and its receiver's own sizes. Inside
+// the host, where the ranks read each other's memory, each receiver pulls its blocks by its own
+// receive sizes, so the whole plan follows from this rank's splits: its network transfers go out
+// before its first barrier, which publishes the addresses and checks the host's splits against
+// each other. Otherwise the host's blocks move through staging slots, whose rounds every rank of
+// the host must plan alike: the ranks first trade their splits at a host barrier (as on one host;
+// the network waits for it). Either way no message round precedes the data.
+void ProcessGroupHOCCL::planFromOwnSplits(Collective& c) {
   const HostsContext& hosts = *hostsCtx_;
   std::vector<int> globalOf(static_cast<size_t>(size_));
   for (int g = 0; g < hosts.world; ++g)
     if (hosts.localIndex[g] >= 0) globalOf[hosts.localIndex[g]] = g;
   std::vector<int64_t> send(size_), recv(size_);
+  int64_t sentInHost = 0;
   for (int l = 0; l < size_; ++l) {
     send[l] = c.sendBytes[globalOf[l]];
     recv[l] = c.recvBytes[globalOf[l]];
+    if (l != rank_) sentInHost += send[l];
   }
+  const bool readsPeers = c.req.hostReadsPeers;
+  promoteReusedBuffers(c, readsPeers && sentInHost >= c.req.crossMemoryMinBytes);
   const uint32_t parity = executor_->nextBarrier() & 1;
   group_->publishSplits(parity, send, recv);
-  Plan exchange;
-  exchange.algo = "alltoall/host-splits";
-  exchange.steps.push_back(Step::barrier(Scope::Host));
-  ExecContext ctx = c.ctx;
-  ctx.validate = [&](uint32_t p) {
+  c.ctx.validate = [this, &c, globalOf](uint32_t p) {
     validateDescriptors(c, p);
     checkHostSplits(c, p, globalOf);
   };
-  executor_->run(exchange, ctx);
-  TransferPhase pairs;
+  c.req.allToAllForm = AllToAllHostsForm::Direct;
+  const int me = hosts.rank;
+  TransferPhase pairs{{me, me, c.sendBytes[me]}};
+  if (readsPeers) {
+    for (int g = 0; g < hosts.world; ++g) {
+      if (g == me) continue;
+      pairs.push_back({me, g, c.sendBytes[g]});
+      pairs.push_back({g, me, c.recvBytes[g]});
+    }
+    c.req.crossMemoryMinBytes = 0;  // read in place at every size: the host's ranks agree without a word
+    c.req.bytes = sentInHost;
+    c.req.phases = {std::move(pairs)};
+    return;
+  }
+  Plan exchange;
+  exchange.algo = "alltoall/host-splits";
+  exchange.steps.push_back(Step::barrier(Scope::Host));
+  executor_->run(exchange, c.ctx);
+  c.ctx.validate = nullptr;
   int64_t hostBytes = 0;
+  pairs.clear();
   for (int s = 0; s < size_; ++s)
     for (int d = 0; d < size_; ++d) {
       const int64_t b = group_->splits(s, parity)[d];
@@ -96,12 +118,11 @@ void ProcessGroupHOCCL::exchangeHostSplits(Collective& c) {
     }
   for (int g = 0; g < hosts.world; ++g) {
     if (hosts.localIndex[g] >= 0) continue;
-    pairs.push_back({hosts.rank, g, c.sendBytes[g]});
-    pairs.push_back({g, hosts.rank, c.recvBytes[g]});
+    pairs.push_back({me, g, c.sendBytes[g]});
+    pairs.push_back({g, me, c.recvBytes[g]});
   }
   c.req.phases = {std::move(pairs)};
-  c.req.allToAllForm = AllToAllHostsForm::Direct;
-  // Plan choices agree within the host (the only ranks whose plans must match step for step).
+  // The staging rounds follow from these: the same on every rank of the host.
   c.req.bytes = hostBytes / size_;
 }
 

@@ -285,8 +285,8 @@ class ProcessGroupHOCCL : public c10d::Backend {
   // Runs a collective of the whole group across hosts (the caller set c.ctx.net).
   void runAcrossHosts(Collective& c);
   std::shared_ptr<const Plan> hostPlanFor(const PlanRequest& req);
-  // all_to_all from own splits: the request's pairs from this rank's splits and its host's.
-  void exchangeHostSplits(Collective& c);
+  // all_to_all from own splits: the request's pairs from this rank's splits (and its host's).
+  void planFromOwnSplits(Collective& c);
   void checkHostSplits(const Collective& c, uint32_t parity, const std::vector<int>& globalOf) const;
   std::shared_ptr<const std::vector<TransferPhase>> lastAllToAllPhases_;  // guarded by lastAlgoMutex_
 };

@@ -159,7 +159,7 @@ void ProcessGroupHOCCL::promoteReusedBuffers(const Collective& c, bool peersRead
   if (config_.hugePageMinBytes <= 0 || !peersRead) return;
   std::vector<std::pair<const char*, size_t>> spans;
   for (size_t i = 0; i < c.ctx.in.size(); ++i) {
-    if (!c.ctx.in[i] || (c.req.kind == OpKind::AllToAll && static_cast<int>(i) == rank_)) continue;
+    if (!c.ctx.in[i] || (c.req.kind == OpKind::AllToAll && static_cast<int>(i) == c.req.rank)) continue;
     size_t n = static_cast<size_t>(c.req.kind == OpKind::AllToAll ? c.sendBytes[i] : c.req.bytes);
     if (n > 0 && findSharedRegion(c.ctx.in[i], n).fd < 0) spans.emplace_back(c.ctx.in[i], n);
   }

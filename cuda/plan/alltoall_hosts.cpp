@@ -35,10 +35,12 @@ std::vector<int64_t> allToAllMatrix(const PlanRequest& req) {
 namespace {
 
 // Bytes of all_to_all that stay on a host move as on one host: the single-host plan of the
-// same-host pairs of this rank's host (every rank of the host builds the same one).
-Plan sameHostPlan(const PlanRequest& req, const HostView& hv, int host) {
+// same-host pairs of this rank's host (every rank of the host builds the same one), reading
+// peers' inputs in place where the host's ranks can and one host's choice says so.
+Plan sameHostPlan(const PlanRequest& req, const HostView& hv) {
+  const int host = hv.host(req.rank);
   PlanRequest local = req;
-  local.rank = host == hv.host(req.rank) ? req.rank : hv.leader(host);
+  local.crossMemory = req.hostReadsPeers;
   local.hostOf.clear();
   local.phases.clear();
   for (const auto& phase : req.phases) {
@@ -68,7 +70,7 @@ Plan planAllToAllHostsDirect(const PlanRequest& req) {
   for (int d = 0; d < W; ++d)
     if (hv.host(d) != host && m[static_cast<size_t>(me) * W + d] > 0)
       ts.push_back(p.send(d, Loc::in(d, 0), m[static_cast<size_t>(me) * W + d]));
-  Plan local = sameHostPlan(req, hv, host);
+  Plan local = sameHostPlan(req, hv);
   p.steps.insert(p.steps.end(), local.steps.begin(), local.steps.end());
   p.buffersUsed = local.buffersUsed;
   p.waitAll(ts);

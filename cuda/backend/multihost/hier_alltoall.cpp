@@ -1,7 +1,7 @@
 // all_to_all across hosts: argument checks, then one plan across hosts. With the split check (the
 // default) or a forced rail form, the plan's form is picked by VarioPath's cost model from the
 // gathered split matrix (planned.cpp); without the check, the direct form from each rank's own
-// splits (ProcessGroupHOCCL::exchangeHostSplits).
+// splits (ProcessGroupHOCCL::planFromOwnSplits).
 #include "backend/multihost/legs.h"
 #include "backend/multihost/multihost_group.h"
 #include "backend/tensor_args.h"

@@ -52,6 +52,8 @@ void MultiHostGroup::alltoallPlanned(const std::vector<at::Tensor>& ins, const s
   for (int64_t b : m.bytes) o.bytes += b;
   o.bytes /= size_;
   o.allToAllForm = alltoallChoice_;
+  o.sendBytes = sendBytes;  // which input blocks peers may read in place (huge pages)
+  o.recvBytes = recvBytes;
   planned(op, [&](ProcessGroupHOCCL& host, int64_t tag) { host.runAcrossHosts(o, tag); });
   const bool relayed = groups_.local->lastAlgorithm() == "alltoall/hosts-rail";
   setAlgorithm(relayed ? "multihost_rail" : "multihost_direct");
