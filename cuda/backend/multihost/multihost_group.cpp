@@ -114,11 +114,11 @@ std::string MultiHostGroup::lastAlgorithm() const {
 }
 
 bool MultiHostGroup::allGatherAsPlan(int64_t bytes) const {
-  // all_gather, the one collective left with legs (all_to_all chooses in alltoallBytes). Its plan
-  // measured ahead of the legs on uneven hosts (1.1-1.9x on 2, 1 and 2 ranks, where the legs'
-  // leaders trailed gloo from 1 MB); on 2 x 2 level or ahead where it goes host first (small
-  // blocks) and from 256 KB a rank, behind the rails legs at 16 KB a rank (8-29 %), split at
-  // 64 KB (docs/multihost.md). Costs and layout are the group's: every rank agrees.
+  // all_gather, the one collective left with legs. Its plan measured ahead of the legs on uneven
+  // hosts (1.1-1.9x on 2, 1 and 2 ranks, where the legs' leaders trailed gloo from 1 MB); on 2 x 2
+  // level or ahead where it goes host first (small blocks) and from 256 KB a rank, behind the
+  // rails legs at 16 KB a rank (8-29 %), split at 64 KB (docs/multihost.md). Costs and layout are
+  // the group's: every rank agrees.
   if (plansOnly_ || !layout_.even) return true;
   if (legsOnly_) return false;
   PlanRequest req;
