@@ -309,11 +309,15 @@ def test_mismatch_across_hosts_raises_everywhere():
 
 
 def unchecked_split_mismatch_inside_a_host(rank, world):
-    """HOCCL_CHECK_ACROSS_HOSTS=0: rank 2 sends rank 3 (its host peer) one row more than rank 3
-    expects. Returns what this rank raised (or "no error") and how long the op took."""
+    """HOCCL_CHECK_ACROSS_HOSTS=0: every split kind of all_to_all checked against its reference,
+    then rank 2 sends rank 3 (its host peer) one row more than rank 3 expects. Returns how many
+    all_to_all were checked, what the mismatch raised (or "no error") and how long it took."""
     import torch
     import torch.distributed as dist
 
+    from multihost.checks import check_all_to_all
+
+    checked = check_all_to_all(dist.group.WORLD._get_backend(torch.device("cpu")), rank, world)
     extra = 1 if rank == 2 else 0
     inp = torch.ones(world + extra)
     splits = [1 + (extra if d == 3 else 0) for d in range(world)]
@@ -323,18 +327,22 @@ def unchecked_split_mismatch_inside_a_host(rank, world):
         seen = "no error"
     except Exception as e:  # noqa: BLE001 - the message is the result
         seen = str(e)
-    return seen, time.monotonic() - started
+    return checked, seen, time.monotonic() - started
 
 
-def test_unchecked_all_to_all_checks_the_splits_inside_each_host():
-    """Without the check across hosts nothing crosses a host to compare splits, but the ranks of
-    one host compare theirs in shared memory for free: a mismatch there raises on that host,
-    naming the ranks of the whole group."""
+@pytest.mark.parametrize("cma", ["auto", "0"], ids=["host-reads-peers", "staged"])
+def test_unchecked_all_to_all_checks_the_splits_inside_each_host(cma):
+    """Without the check across hosts each rank plans all_to_all from its own splits: read in
+    place inside the host, or (without cross-memory reads) staged after the host's ranks trade
+    their splits. Results match the reference either way; nothing crosses a host to compare
+    splits, but the ranks of one host compare theirs in shared memory for free: a mismatch there
+    raises on that host, naming the ranks of the whole group."""
     with Hosts(count=2, ranks=[2, 2]) as hosts:
         results = hosts.run_ranks(unchecked_split_mismatch_inside_a_host, backend="hoccl", pg_timeout=60,
-                                  env={"HOCCL_CHECK_ACROSS_HOSTS": "0"}, timeout=300)
+                                  env={"HOCCL_CHECK_ACROSS_HOSTS": "0", "HOCCL_SHM_CMA": cma}, timeout=300)
+    assert all(checked > 0 for checked, _, _ in results), results
     for rank in (2, 3):
-        error, took = results[rank]
+        _, error, took = results[rank]
         assert "split sizes disagree" in error and "rank 2 sends 8 bytes to rank 3 but rank 3 expects 4" in error, \
             f"rank {rank}: {error}"
         assert took < 10, f"rank {rank}: raised after {took:.1f} s"
