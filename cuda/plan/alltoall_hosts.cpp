@@ -9,6 +9,8 @@
 //    the receiver's output block; the blocks between ranks of one host move as on one host (the
 //    single-host plan buildPlan picks for the same-host pairs, barriers scoped to the host) while
 //    the cross-host blocks are in flight. A rank sends and receives up to 2 (W - L) messages.
+//    It reads only the pairs of this rank's row and column and of its host, so a request may
+//    list just those; reading same-host peers in place (crossMemory), just the row and column.
 //  hosts-rail: the relay of host h for rank d on another host is d's rail peer on h
 //    (HostView::railPeer(h, localIndex[d])). One host leg through staging slots hands each
 //    local rank its same-host blocks and the blocks it relays, packed into the message for each
@@ -35,8 +37,8 @@ std::vector<int64_t> allToAllMatrix(const PlanRequest& req) {
 namespace {
 
 // Bytes of all_to_all that stay on a host move as on one host: the single-host plan of the
-// same-host pairs of this rank's host (every rank of the host builds the same one), reading
-// peers' inputs in place where the host's ranks can and one host's choice says so.
+// same-host pairs of this rank's host, reading peers' inputs in place where the host's ranks can
+// and one host's choice says so (each rank then copies only what it receives).
 Plan sameHostPlan(const PlanRequest& req, const HostView& hv) {
   const int host = hv.host(req.rank);
   PlanRequest local = req;
