@@ -396,22 +396,21 @@ def own_splits_request(host_of, m, r, reads, es=4):
     (HOCCL_CHECK_ACROSS_HOSTS=0, ProcessGroupHOCCL::planFromOwnSplits): where its host's ranks read
     each other's memory, its own row and column alone (each receiver pulls its same-host blocks);
     else also every pair of its host, traded at a host barrier before the plan."""
-    W, h, r_ = len(host_of), host_of[r], r
-    pairs = [(r, r, m[r][r] * es)]
+    W = len(host_of)
+    common = dict(kind="all_to_all", world=W, rank=r, host_of=host_of, elem_size=1, slot_bytes=SLOT,
+                  all_to_all_form="direct")
+
+    def row_and_column(peers):
+        return [p for q in peers for p in ((r, q, m[r][q] * es), (q, r, m[q][r] * es))]
+
     if reads:
-        for q in range(W):
-            if q != r:
-                pairs += [(r, q, m[r][q] * es), (q, r, m[q][r] * es)]
-        return dict(kind="all_to_all", world=W, rank=r, host_of=host_of, bytes=0, elem_size=1, slot_bytes=SLOT,
-                    phases=[pairs], all_to_all_form="direct", host_reads_peers=True, cross_memory_min_bytes=0)
-    local = [q for q in range(W) if host_of[q] == h]
+        pairs = [(r, r, m[r][r] * es)] + row_and_column(q for q in range(W) if q != r)
+        return dict(common, bytes=0, phases=[pairs], host_reads_peers=True, cross_memory_min_bytes=0)
+    local = [q for q in range(W) if host_of[q] == host_of[r]]
     pairs = [(s, d, m[s][d] * es) for s in local for d in local]
-    for q in range(W):
-        if host_of[q] != h:
-            pairs += [(r_, q, m[r_][q] * es), (q, r_, m[q][r_] * es)]
+    pairs += row_and_column(q for q in range(W) if host_of[q] != host_of[r])
     host_bytes = sum(m[s][d] * es for s in local for d in local)
-    return dict(kind="all_to_all", world=W, rank=r, host_of=host_of, bytes=host_bytes // len(local), elem_size=1,
-                slot_bytes=SLOT, phases=[pairs], all_to_all_form="direct")
+    return dict(common, bytes=host_bytes // len(local), phases=[pairs])
 
 
 @pytest.mark.parametrize("reads", [False, True], ids=["staged", "host-reads-peers"])

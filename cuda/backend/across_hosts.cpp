@@ -1,8 +1,6 @@
 // Collectives of a group whose ranks sit on several hosts, run by the group of each host's ranks
 // as one plan across hosts: the plan's steps inside the host use this group's shared memory and
 // barriers, its Send/Recv steps the network transport the multi-host group handed in.
-#include <sstream>
-
 #include "backend/collective.h"
 #include "backend/tensor_args.h"
 
@@ -85,62 +83,43 @@ void ProcessGroupHOCCL::planFromOwnSplits(Collective& c) {
   promoteReusedBuffers(c, readsPeers && sentInHost >= c.req.crossMemoryMinBytes);
   const uint32_t parity = executor_->nextBarrier() & 1;
   group_->publishSplits(parity, send, recv);
+  // The host's splits are checked in its shared table, for free; the cross-host blocks go
+  // unchecked, as HOCCL_CHECK_ACROSS_HOSTS=0 says.
   c.ctx.validate = [this, &c, globalOf](uint32_t p) {
     validateDescriptors(c, p);
-    checkHostSplits(c, p, globalOf);
+    validateSplits(c, p, &globalOf);
   };
   c.req.allToAllForm = AllToAllHostsForm::Direct;
   const int me = hosts.rank;
-  TransferPhase pairs{{me, me, c.sendBytes[me]}};
+  TransferPhase pairs;
   if (readsPeers) {
-    for (int g = 0; g < hosts.world; ++g) {
-      if (g == me) continue;
-      pairs.push_back({me, g, c.sendBytes[g]});
-      pairs.push_back({g, me, c.recvBytes[g]});
-    }
+    pairs.push_back({me, me, c.sendBytes[me]});
     c.req.crossMemoryMinBytes = 0;  // read in place at every size: the host's ranks agree without a word
     c.req.bytes = sentInHost;
-    c.req.phases = {std::move(pairs)};
-    return;
+  } else {
+    Plan exchange;
+    exchange.algo = "alltoall/host-splits";
+    exchange.steps.push_back(Step::barrier(Scope::Host));
+    executor_->run(exchange, c.ctx);
+    c.ctx.validate = nullptr;
+    int64_t hostBytes = 0;
+    for (int s = 0; s < size_; ++s)
+      for (int d = 0; d < size_; ++d) {
+        const int64_t b = group_->splits(s, parity)[d];
+        pairs.push_back({globalOf[s], globalOf[d], b});
+        hostBytes += b;
+      }
+    // The staging rounds follow from these: the same on every rank of the host.
+    c.req.bytes = hostBytes / size_;
   }
-  Plan exchange;
-  exchange.algo = "alltoall/host-splits";
-  exchange.steps.push_back(Step::barrier(Scope::Host));
-  executor_->run(exchange, c.ctx);
-  c.ctx.validate = nullptr;
-  int64_t hostBytes = 0;
-  pairs.clear();
-  for (int s = 0; s < size_; ++s)
-    for (int d = 0; d < size_; ++d) {
-      const int64_t b = group_->splits(s, parity)[d];
-      pairs.push_back({globalOf[s], globalOf[d], b});
-      hostBytes += b;
-    }
+  // This rank's row and column: every other rank's where it reads same-host peers in place, else
+  // the other hosts' (its host's pairs are listed above).
   for (int g = 0; g < hosts.world; ++g) {
-    if (hosts.localIndex[g] >= 0) continue;
+    if (g == me || (!readsPeers && hosts.localIndex[g] >= 0)) continue;
     pairs.push_back({me, g, c.sendBytes[g]});
     pairs.push_back({g, me, c.recvBytes[g]});
   }
   c.req.phases = {std::move(pairs)};
-  // The staging rounds follow from these: the same on every rank of the host.
-  c.req.bytes = hostBytes / size_;
-}
-
-// The sizes of the blocks between the host's ranks, which their shared table checks for free;
-// the cross-host blocks go unchecked, as HOCCL_CHECK_ACROSS_HOSTS=0 says.
-void ProcessGroupHOCCL::checkHostSplits(const Collective& c, uint32_t parity, const std::vector<int>& globalOf) const {
-  std::ostringstream err;
-  for (int s = 0; s < size_; ++s)
-    for (int d = 0; d < size_; ++d) {
-      const int64_t sent = group_->splits(s, parity)[d];
-      const int64_t expected = group_->splits(d, parity)[size_ + s];
-      if (sent != expected)
-        err << "; rank " << globalOf[s] << " sends " << sent << " bytes to rank " << globalOf[d] << " but rank "
-            << globalOf[d] << " expects " << expected << " bytes from rank " << globalOf[s];
-    }
-  if (err.tellp() > 0)
-    throw std::invalid_argument(std::string("hoccl ") + c.opName + " on rank " + std::to_string(hostsCtx_->rank) +
-                                ": split sizes disagree between senders and receivers" + err.str());
 }
 
 void ProcessGroupHOCCL::runAcrossHosts(const HostsOp& op, int64_t netTag) {

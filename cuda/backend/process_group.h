@@ -173,7 +173,7 @@ class ProcessGroupHOCCL : public c10d::Backend {
   bool anyRankSawSharedCores(uint32_t parity) const;
   // Decides this op's view of the cores and publishes it in its descriptor (core_sharing.h).
   void noteCoreSharing(Collective& c);
-  void validateSplits(const Collective& c, uint32_t parity) const;
+  void validateSplits(const Collective& c, uint32_t parity, const std::vector<int>* groupRank = nullptr) const;
   std::vector<TransferPhase> scheduleAllToAll(const std::vector<int64_t>& matrix);
   std::vector<TransferPhase> varipathPhases(const std::vector<int64_t>& matrix);
 
@@ -287,7 +287,6 @@ class ProcessGroupHOCCL : public c10d::Backend {
   std::shared_ptr<const Plan> hostPlanFor(const PlanRequest& req);
   // all_to_all from own splits: the request's pairs from this rank's splits (and its host's).
   void planFromOwnSplits(Collective& c);
-  void checkHostSplits(const Collective& c, uint32_t parity, const std::vector<int>& globalOf) const;
   std::shared_ptr<const std::vector<TransferPhase>> lastAllToAllPhases_;  // guarded by lastAlgoMutex_
 };
 

@@ -93,21 +93,24 @@ void ProcessGroupHOCCL::validateDescriptors(const Collective& c, uint32_t parity
                                 opKindName(static_cast<OpKind>(mine.kind)) + ")" + e);
 }
 
-void ProcessGroupHOCCL::validateSplits(const Collective& c, uint32_t parity) const {
+// `groupRank` names the table's ranks in the error: identity on one host, the ranks of the
+// whole group for the host's table of a group across hosts.
+void ProcessGroupHOCCL::validateSplits(const Collective& c, uint32_t parity, const std::vector<int>* groupRank) const {
   bool agree = true;  // the common case, checked without building any message
   for (int s = 0; s < size_ && agree; ++s)
     for (int d = 0; d < size_ && agree; ++d) agree = group_->splits(s, parity)[d] == group_->splits(d, parity)[size_ + s];
   if (agree) return;
+  auto name = [&](int r) { return groupRank ? (*groupRank)[r] : r; };
   std::ostringstream err;
   for (int s = 0; s < size_; ++s)
     for (int d = 0; d < size_; ++d) {
       int64_t sent = group_->splits(s, parity)[d];
       int64_t expected = group_->splits(d, parity)[size_ + s];
       if (sent != expected)
-        err << "; rank " << s << " sends " << sent << " bytes to rank " << d << " but rank " << d
-            << " expects " << expected << " bytes from rank " << s;
+        err << "; rank " << name(s) << " sends " << sent << " bytes to rank " << name(d) << " but rank " << name(d)
+            << " expects " << expected << " bytes from rank " << name(s);
     }
-  throw std::invalid_argument(std::string("hoccl ") + c.opName + " on rank " + std::to_string(rank_) +
+  throw std::invalid_argument(std::string("hoccl ") + c.opName + " on rank " + std::to_string(c.req.rank) +
                               ": split sizes disagree between senders and receivers" + err.str());
 }
 
