@@ -125,7 +125,8 @@ def test_every_op_across_hosts(ranks, check, path):
         for rank, counts in enumerate(results):
             assert counts["hosts"] == expected_hosts, f"rank {rank}: {counts['hosts']}"
             assert counts["all_gather"] == expected_all_gather_algorithms(ranks, path), f"rank {rank}"
-            assert counts["reductions"] > 100 and counts["send_recv"] == 2 * (hosts.world - 1) + 1
+            fan_in = hosts.world - 1 if rank == hosts.world - 1 else 0
+            assert counts["reductions"] > 100 and counts["send_recv"] == 2 * (hosts.world - 1) + 1 + fan_in
         print(f"{hosts.describe()}: every op checked on {hosts.world} ranks: {results[0]}")
         _check_clean(hosts)
         run_id = hosts.run_id
@@ -438,6 +439,98 @@ def _listeners():
         except OSError:
             pass
     return names.count("hoccl-p2p")
+
+
+def same_host_point_to_point(rank, world):
+    """On an interleaved group (group ranks 0 and 2 on host 0, 1 and 3 on host 1): group ranks 0
+    and 2 exchange through their host's shared memory (no gloo listener starts for it), a size
+    mismatch between them names the group's ranks, a recv from any source that times out leaves
+    the next message of either engine to the next recv, and a fan-in of any-source recvs takes
+    one message from each rank."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    from hoccl_backend._registration import _create
+
+    half = world // 2
+    me = (rank % half) * 2 + rank // half
+    store = dist_store("same-host-p2p")
+    pg = _create(store, me, world, timedelta(seconds=4))
+    seen = {}
+    big = torch.arange(300_000, dtype=torch.float32)
+    if me in (0, 2):
+        peer = 2 - me
+        got = torch.empty_like(big)
+        works = [pg.recv([got], peer, 1), pg.send([big + me], peer, 1)]
+        for w in works:
+            w.wait()
+        seen["exchange"] = torch.equal(got, big + peer)
+        seen["listeners"] = _p2p_listeners()
+        if me == 0:
+            try:
+                pg.recv([torch.empty(250)], 2, 2).wait()
+                seen["mismatch"] = "no error"
+            except Exception as e:  # noqa: BLE001 - the message is the result
+                seen["mismatch"] = str(e)
+        else:
+            pg.send([torch.ones(251)], 0, 2).wait()
+    # The waits around the timeout below go through the default group (60 s): this group's
+    # own barrier would time out beside it.
+    dist.barrier()
+    if me == 0:  # nothing is sent with tag 3 until this recv has given up
+        started = time.monotonic()
+        try:
+            pg.recv_anysource([torch.empty(3)], 3).wait()
+            seen["any timeout"] = "no error"
+        except Exception as e:  # noqa: BLE001 - the message is the result
+            seen["any timeout"] = (str(e), time.monotonic() - started)
+    dist.barrier()
+    if me in (1, 2):  # one sender on the host of rank 0, one on the other
+        pg.send([torch.full((3,), float(me))], 0, 3).wait()
+    if me == 0:
+        for src in (1, 2):
+            t = torch.empty(3)
+            pg.recv([t], src, 3).wait()
+            seen[f"after timeout from {src}"] = t.tolist()
+    pg.barrier().wait()
+    from multihost.checks import check_any_source_fan_in
+
+    seen["fan in"] = check_any_source_fan_in(pg, me, world)
+    pg.shutdown()
+    return me, seen
+
+
+def dist_store(prefix):
+    import torch.distributed as dist
+
+    return dist.PrefixStore(prefix, dist.distributed_c10d._get_default_store())
+
+
+def _p2p_listeners():
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:
+            pass
+    return names.count("hoccl-p2p")
+
+
+def test_send_recv_between_ranks_of_one_host_use_its_shared_memory():
+    with Hosts(count=2, ranks=[2, 2]) as hosts:
+        results = dict(hosts.run_ranks(same_host_point_to_point, backend="hoccl", pg_timeout=60, timeout=200))
+    for me in (0, 2):
+        assert results[me]["exchange"] is True, f"group rank {me}: {results[me]}"
+        assert results[me]["listeners"] == 0, f"group rank {me}: a gloo listener started: {results[me]}"
+    error = results[0]["mismatch"]
+    assert "on rank 0: rank 2 sent 1004 bytes with tag 2 but this recv expects 1000 bytes with tag 2" in error, error
+    error, took = results[0]["any timeout"]
+    assert "hoccl recv on rank 0: no message from any rank with tag 3 within the timeout of 4000 ms" in error, error
+    assert took < 20, took
+    assert results[0]["after timeout from 1"] == [1.0] * 3 and results[0]["after timeout from 2"] == [2.0] * 3
+    assert results[3]["fan in"] == 3
 
 
 def test_send_recv_size_mismatch_across_hosts_raises_on_the_receiver():

@@ -79,6 +79,9 @@ class ProcessGroupHOCCL : public c10d::Backend {
     int64_t leaderMaxBytes = 0;
     int64_t netChunkBytes = 0;
     NetCosts netCosts;             // what crossing hosts costs (measured when the group was created)
+    // send/recv between this host's ranks: the whole group's timeout, not the longer one this
+    // group's collectives wait (a host leg may wait for a peer's inter-host failure).
+    std::chrono::milliseconds pointToPointTimeout{0};
   };
   void joinHosts(HostsContext hosts);
   // One collective of the whole group, synchronously on the caller's thread, over raw blocks the
@@ -147,6 +150,11 @@ class ProcessGroupHOCCL : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+  // A recv from any of this host's ranks that competes with the network's for one message (a
+  // group spanning hosts, common/any_source_claim.h). Its work completes only if this host's
+  // shared memory takes the claim.
+  c10::intrusive_ptr<c10d::Work> recvAnysourceClaimed(std::vector<at::Tensor>& tensors, int tag,
+                                                      std::shared_ptr<AnySourceClaim> claim);
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
   // Synchronous, on the caller's thread, over the store (monitored_barrier.cpp).
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) override;
@@ -212,7 +220,8 @@ class ProcessGroupHOCCL : public c10d::Backend {
   static bool anyCuda(const std::vector<at::Tensor>& ts);
   static bool capturing();
   static void storeCapture(Body body);
-  c10::intrusive_ptr<c10d::Work> postP2P(std::vector<at::Tensor>& tensors, int peer, int tag, bool send);
+  c10::intrusive_ptr<c10d::Work> postP2P(std::vector<at::Tensor>& tensors, int peer, int tag, bool send,
+                                         std::shared_ptr<AnySourceClaim> claim = nullptr);
 
   // Collective builders shared by the public entry points.
   void allreduceTensor(const at::Tensor& tensor, RedOp op, double factor);

@@ -5,11 +5,20 @@ namespace hoccl {
 
 void ProcessGroupHOCCL::ensureP2P() {
   std::lock_guard<std::mutex> lock(p2pMutex_);
-  if (!p2p_) p2p_ = std::make_unique<P2PEngine>(*group_, timeout_);
+  if (p2p_) return;
+  const bool acrossHosts = hostsCtx_ && hostsCtx_->pointToPointTimeout.count() > 0;
+  p2p_ = std::make_unique<P2PEngine>(*group_, acrossHosts ? hostsCtx_->pointToPointTimeout : timeout_);
+  // The host's group of a group spanning hosts: errors and source ranks name the whole group's.
+  if (hostsCtx_) {
+    std::vector<int> names(static_cast<size_t>(size_));
+    for (int g = 0; g < hostsCtx_->world; ++g)
+      if (hostsCtx_->localIndex[g] >= 0) names[hostsCtx_->localIndex[g]] = g;
+    p2p_->setRankNames(std::move(names));
+  }
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::postP2P(std::vector<at::Tensor>& tensors, int peer, int tag,
-                                                          bool send) {
+                                                          bool send, std::shared_ptr<AnySourceClaim> claim) {
   const char* op = send ? "send" : "recv";
   TORCH_CHECK(tensors.size() == 1, "hoccl ", op, " on rank ", rank_, ": expects one tensor");
   TORCH_CHECK(peer == -1 || (peer >= 0 && peer < size_ && peer != rank_), "hoccl ", op, " on rank ", rank_,
@@ -44,7 +53,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::postP2P(std::vector<at::Tensor
     work->complete(e, src);
   };
   if (send) p2p_->postSend(peer, tag, ptr(staged->work), nbytes(staged->work), done);
-  else p2p_->postRecv(peer, tag, ptr(staged->work), nbytes(staged->work), done);
+  else p2p_->postRecv(peer, tag, ptr(staged->work), nbytes(staged->work), done, std::move(claim));
   return work;
 }
 
@@ -58,6 +67,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::recv(std::vector<at::Tensor>& 
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
   return postP2P(tensors, -1, tag, false);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::recvAnysourceClaimed(std::vector<at::Tensor>& tensors, int tag,
+                                                                       std::shared_ptr<AnySourceClaim> claim) {
+  return postP2P(tensors, -1, tag, false, std::move(claim));
 }
 
 }  // namespace hoccl

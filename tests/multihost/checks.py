@@ -249,7 +249,27 @@ def check_send_recv(pg, rank: int, world: int) -> int:
     send.wait()
     assert w._source_rank() == prv and torch.equal(got, torch.full((5,), float(prv))), \
         f"any-source recv on rank {rank}: from {w._source_rank()} {got.tolist()}"
-    return len(works) + 1
+    return len(works) + 1 + check_any_source_fan_in(pg, rank, world)
+
+
+def check_any_source_fan_in(pg, rank: int, world: int) -> int:
+    """Every other rank sends one message to the last rank, which takes them all with recvs from
+    any source posted at once: senders on its own host and on others race, and each message
+    lands in exactly one recv."""
+    sink = world - 1
+    if rank != sink:
+        pg.send([torch.full((33,), float(rank))], sink, 11).wait()
+        return 0
+    bufs = [torch.empty(33) for _ in range(world - 1)]
+    works = [pg.recv_anysource([b], 11) for b in bufs]
+    sources = []
+    for w, b in zip(works, bufs):
+        w.wait()
+        src = w._source_rank()
+        assert torch.equal(b, torch.full((33,), float(src))), f"any-source recv from {src}: {b.tolist()}"
+        sources.append(src)
+    assert sorted(sources) == list(range(world - 1)), f"any-source recvs on rank {rank} got {sources}"
+    return len(works)
 
 
 def check_pipelined(pg, rank: int, world: int) -> int:

@@ -133,7 +133,8 @@ std::optional<c10::intrusive_ptr<c10d::Work>> MultiHostGroup::p2pViaHost(bool is
   c10::Stream comm = staging::commStreamOn(comm_, t.device(), rank_);
   at::Tensor host = staging::hostMirror(comm, t, isSend);
   if (isSend) return framed_->send(host, peer, tag);
-  return c10::make_intrusive<CudaRecvWork>(rank_, framed_->recv(host, peer, tag), t, host, comm);
+  auto received = peer < 0 ? anySource(host, tag) : framed_->recv(host, peer, tag);
+  return c10::make_intrusive<CudaRecvWork>(rank_, received, t, host, comm);
 }
 
 }  // namespace hoccl

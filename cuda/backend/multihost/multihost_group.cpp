@@ -73,6 +73,7 @@ void MultiHostGroup::joinHostGroup() {
   // chunk while one crosses (the legs' pipelines used the same floor).
   hosts.netChunkBytes = 1 << 20;
   hosts.netCosts = netCosts_;
+  hosts.pointToPointTimeout = timeout_;
   groups_.local->joinHosts(std::move(hosts));
 }
 

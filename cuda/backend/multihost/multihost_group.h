@@ -136,6 +136,8 @@ class MultiHostGroup : public c10d::Backend {
   std::optional<c10::intrusive_ptr<c10d::Work>> viaHost(const char* op, c10d::OpType type,
                                                         const std::vector<at::Tensor>& inputs,
                                                         const std::vector<at::Tensor>& outputs, HostCall call);
+  // A recv from any source, on the host's shared memory and the network at once (hier_send_recv.cpp).
+  c10::intrusive_ptr<c10d::Work> anySource(const at::Tensor& t, int tag);
   // send/recv of a CUDA tensor through a pinned host mirror; none for a CPU tensor.
   std::optional<c10::intrusive_ptr<c10d::Work>> p2pViaHost(bool isSend, const at::Tensor& t, int peer, int tag);
   // While viaHost runs the CPU op on this thread, enqueue() hands the op's body here instead of

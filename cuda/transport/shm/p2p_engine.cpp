@@ -25,10 +25,11 @@ void P2PEngine::postSend(int dst, int tag, const char* data, int64_t bytes, Done
   cv_.notify_all();
 }
 
-void P2PEngine::postRecv(int src, int tag, char* data, int64_t bytes, Done done) {
+void P2PEngine::postRecv(int src, int tag, char* data, int64_t bytes, Done done,
+                         std::shared_ptr<AnySourceClaim> claim) {
   std::lock_guard<std::mutex> lock(mutex_);
   ops_.push_back(Op{false, src, tag, data, bytes, 0, false,
-                    std::chrono::steady_clock::now() + timeout_, std::move(done)});
+                    std::chrono::steady_clock::now() + timeout_, std::move(done), std::move(claim)});
   cv_.notify_all();
 }
 
@@ -77,13 +78,13 @@ void P2PEngine::ring(int rankToWake) {
 
 std::string P2PEngine::describe(const Op& op) const {
   std::string what = op.send ? "send to rank " : "recv from rank ";
-  return "hoccl " + what + (op.peer < 0 ? std::string("<any>") : std::to_string(op.peer)) +
+  return "hoccl " + what + (op.peer < 0 ? std::string("<any>") : std::to_string(name(op.peer))) +
          " (tag " + std::to_string(op.tag) + ", " + std::to_string(op.bytes) + " bytes) on rank " +
-         std::to_string(group_.rank());
+         std::to_string(name(group_.rank()));
 }
 
 void P2PEngine::fail(Op& op, const std::string& message) {
-  op.callback(std::make_exception_ptr(std::runtime_error(describe(op) + ": " + message)), op.peer);
+  op.callback(std::make_exception_ptr(std::runtime_error(describe(op) + ": " + message)), name(op.peer));
 }
 
 bool P2PEngine::progressSend(Op& op) {
@@ -122,7 +123,7 @@ bool P2PEngine::progressRecv(Op& op) {
       }
       op.done = op.bytes;
       ring(op.peer);
-      throw std::runtime_error("rank " + std::to_string(op.peer) + " sent " +
+      throw std::runtime_error("rank " + std::to_string(name(op.peer)) + " sent " +
                                std::to_string(h.bytes) + " bytes with tag " + std::to_string(h.tag) +
                                " but this recv expects " + std::to_string(op.bytes) +
                                " bytes with tag " + std::to_string(op.tag));
@@ -159,13 +160,23 @@ void P2PEngine::loop() {
       for (auto it = ops_.begin(); it != ops_.end();) {
         Op& op = *it;
         if (!op.send && op.peer < 0) {
+          if (op.claim && op.claim->owner() != AnySourceClaim::Owner::None) {
+            it = ops_.erase(it);  // another engine received it, or its waiter gave up
+            continue;
+          }
           // Any-source: bind to the first peer with a message and no earlier recv queued.
-          for (int s = 0; s < group_.world() && op.peer < 0; ++s)
+          int from = -1;
+          for (int s = 0; s < group_.world() && from < 0; ++s)
             if (s != group_.rank() && !blockedPeers.count({false, s}) &&
                 ringAvailable(s) >= static_cast<int64_t>(sizeof(Header)))
-              op.peer = s;
+              from = s;
+          if (from >= 0 && op.claim && !op.claim->take(AnySourceClaim::Owner::SharedMemory)) {
+            it = ops_.erase(it);
+            continue;
+          }
+          op.peer = from;
           if (op.peer < 0) {
-            if (std::chrono::steady_clock::now() > op.deadline) {
+            if (!op.claim && std::chrono::steady_clock::now() > op.deadline) {
               fail(op, "Timed out after " + std::to_string(timeout_.count()) + " ms: no rank sent");
               it = ops_.erase(it);
               continue;
@@ -198,16 +209,16 @@ void P2PEngine::loop() {
           continue;
         }
         try {
-          if (checkPeers) group_.checkAlive(op.peer, describe(op));
+          if (checkPeers) group_.checkAlive(op.peer, describe(op), name(op.peer));
         } catch (const std::exception& e) {
-          op.callback(std::current_exception(), op.peer);
+          op.callback(std::current_exception(), name(op.peer));
           it = ops_.erase(it);
           continue;
         }
         ++it;
       }
     }
-    for (auto& op : finished) op.callback(nullptr, op.peer);
+    for (auto& op : finished) op.callback(nullptr, name(op.peer));
     if (!progressed && finished.empty()) {
       me.doorbellWaiters.fetch_add(1, std::memory_order_seq_cst);
       futexWait(&me.doorbell, bell, std::chrono::microseconds(2000));

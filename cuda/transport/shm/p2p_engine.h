@@ -12,6 +12,7 @@
 #include <mutex>
 #include <thread>
 
+#include "common/any_source_claim.h"
 #include "transport/shm/shm_group.h"
 
 namespace hoccl {
@@ -24,8 +25,14 @@ class P2PEngine {
   ~P2PEngine();
 
   void postSend(int dst, int tag, const char* data, int64_t bytes, Done done);
-  // src = -1 receives from whichever rank has a message first.
-  void postRecv(int src, int tag, char* data, int64_t bytes, Done done);
+  // src = -1 receives from whichever rank has a message first. With a claim (src -1 only), the
+  // recv binds to a sender only if it takes the claim first, and is dropped without a callback
+  // once another engine has it; its timeout is then the claim holder's to enforce.
+  void postRecv(int src, int tag, char* data, int64_t bytes, Done done,
+                std::shared_ptr<AnySourceClaim> claim = nullptr);
+  // How errors and callbacks name this group's ranks: groupRankOf[r] for rank r here (a host's
+  // group inside a group spanning hosts names the whole group's ranks). Before the first post.
+  void setRankNames(std::vector<int> groupRankOf) { names_ = std::move(groupRankOf); }
 
  private:
   struct Op {
@@ -38,6 +45,7 @@ class P2PEngine {
     bool framed = false;  // header written (send) or read (recv)
     std::chrono::steady_clock::time_point deadline;
     Done callback;
+    std::shared_ptr<AnySourceClaim> claim;
   };
   struct Header {
     int32_t tag;
@@ -56,6 +64,7 @@ class P2PEngine {
   void ring(int rankToWake);
   void fail(Op& op, const std::string& message);
   std::string describe(const Op& op) const;
+  int name(int r) const { return r >= 0 && r < static_cast<int>(names_.size()) ? names_[r] : r; }
 
   ShmGroup& group_;
   std::chrono::milliseconds timeout_;
@@ -64,6 +73,7 @@ class P2PEngine {
   std::list<Op> ops_;  // in posting order; per-peer FIFO order is kept by scanning in order
   std::atomic<bool> stop_{false};
   std::chrono::steady_clock::time_point lastPeerCheck_{};
+  std::vector<int> names_;
   std::thread thread_;
 };
 

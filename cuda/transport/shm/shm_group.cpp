@@ -236,9 +236,9 @@ std::string ShmGroup::abortMessage() const {
                      strnlen(header_->abortMessage, sizeof(header_->abortMessage)));
 }
 
-void ShmGroup::checkAlive(int r, const std::string& what) const {
+void ShmGroup::checkAlive(int r, const std::string& what, int shownAs) const {
   if (!processAlive(control(r).pid))
-    throw std::runtime_error(what + ": rank " + std::to_string(r) + " (pid " +
+    throw std::runtime_error(what + ": rank " + std::to_string(shownAs >= 0 ? shownAs : r) + " (pid " +
                              std::to_string(control(r).pid) + ") has exited");
 }
 

@@ -110,7 +110,8 @@ class ShmGroup : public LocalTransport {
   bool aborted() const { return header_->aborted.load() != 0; }
   std::string abortMessage() const;
   // Throws if rank r's process is gone.
-  void checkAlive(int r, const std::string& what) const;
+  // `shownAs`: how the error names rank r (its rank in a larger group), r itself when negative.
+  void checkAlive(int r, const std::string& what, int shownAs = -1) const;
 
  private:
   size_t controlOffset_ = 0, splitsOffset_ = 0, addressesOffset_ = 0, regionsOffset_ = 0, ringCtlOffset_ = 0, slotOffset_ = 0,

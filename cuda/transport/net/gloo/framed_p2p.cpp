@@ -192,12 +192,14 @@ c10::intrusive_ptr<c10d::Work> FramedP2P::send(const at::Tensor& t, int dst, int
   return c10::make_intrusive<FramedSendWork>(shared_from_this(), dst, std::move(header), std::move(body));
 }
 
-c10::intrusive_ptr<c10d::Work> FramedP2P::recv(const at::Tensor& user, int src, int64_t tag) {
+c10::intrusive_ptr<c10d::Work> FramedP2P::recv(const at::Tensor& user, int src, int64_t tag,
+                                               std::shared_ptr<AnySourceClaim> claim) {
   auto p = std::make_shared<Pending>();
   p->wantSrc = src;
   p->tag = tag;
   p->user = user;
   p->buffer = user.is_contiguous() ? user : at::empty_like(user, at::MemoryFormat::Contiguous);
+  p->claim = claim;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     TORCH_CHECK_WITH(DistBackendError, stopped_.empty(), "hoccl recv on rank ", rank_, ": ", stopped_);
@@ -205,15 +207,23 @@ c10::intrusive_ptr<c10d::Work> FramedP2P::recv(const at::Tensor& user, int src, 
     auto it = std::find_if(early_.begin(), early_.end(), [&](const std::pair<int, Header>& e) {
       return (src < 0 || e.first == src) && e.second.tag == tag;
     });
-    if (it != early_.end()) {
+    if (it != early_.end() && claims(*p)) {
       auto [from, h] = *it;
       early_.erase(it);
       match(*p, from, h);
-    } else {
+    } else if (it == early_.end()) {
       posted_.push_back(p);
     }
   }
+  if (claim) claim->onWithdraw(AnySourceClaim::Owner::Network, [self = shared_from_this(), p] { self->withdraw(p); });
   return c10::make_intrusive<FramedRecvWork>(shared_from_this(), p);
+}
+
+bool FramedP2P::claims(const Pending& p) { return !p.claim || p.claim->take(AnySourceClaim::Owner::Network); }
+
+void FramedP2P::withdraw(const std::shared_ptr<Pending>& p) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  posted_.erase(std::remove(posted_.begin(), posted_.end(), p), posted_.end());
 }
 
 void FramedP2P::listen() {
@@ -253,9 +263,13 @@ void FramedP2P::listen() {
 void FramedP2P::deliver(int src, const Header& h) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!stopped_.empty()) return;
-  auto it = std::find_if(posted_.begin(), posted_.end(), [&](const std::shared_ptr<Pending>& p) {
-    return (p->wantSrc < 0 || p->wantSrc == src) && p->tag == h.tag;
-  });
+  auto wants = [&](const std::shared_ptr<Pending>& p) { return (p->wantSrc < 0 || p->wantSrc == src) && p->tag == h.tag; };
+  auto it = std::find_if(posted_.begin(), posted_.end(), wants);
+  // A recv another engine received for (or whose waiter gave up) leaves the message to the next.
+  while (it != posted_.end() && !claims(**it)) {
+    it = posted_.erase(it);
+    it = std::find_if(it, posted_.end(), wants);
+  }
   if (it == posted_.end()) {
     Header kept = h;
     if (kept.inlined.defined()) kept.inlined = kept.inlined.clone();  // not the whole 16 KiB frame
@@ -293,7 +307,10 @@ void FramedP2P::match(Pending& p, int src, const Header& h) {
 }
 
 void FramedP2P::failAll(const std::string& reason) {
-  for (auto& p : posted_) p->failed = "hoccl recv on rank " + std::to_string(rank_) + ": " + reason;
+  for (auto& p : posted_) {
+    p->failed = "hoccl recv on rank " + std::to_string(rank_) + ": " + reason;
+    if (p->claim) p->claim->take(AnySourceClaim::Owner::Network);  // its waiter hears the failure here
+  }
   posted_.clear();
   early_.clear();
   matched_.notify_all();

@@ -30,6 +30,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/any_source_claim.h"
+
 namespace hoccl {
 
 class FramedP2P : public std::enable_shared_from_this<FramedP2P> {
@@ -50,13 +52,18 @@ class FramedP2P : public std::enable_shared_from_this<FramedP2P> {
     c10::intrusive_ptr<c10d::Work> payload;  // null for an empty message
     std::string mismatch;                    // set when the sender's size differs
     std::string failed;                      // set when the message can never come
+    std::shared_ptr<AnySourceClaim> claim;   // a recv from any source another engine holds too
   };
 
   FramedP2P(c10::intrusive_ptr<c10d::Backend> gloo, int rank, std::chrono::milliseconds timeout);
   ~FramedP2P();
 
   c10::intrusive_ptr<c10d::Work> send(const at::Tensor& t, int dst, int64_t tag);
-  c10::intrusive_ptr<c10d::Work> recv(const at::Tensor& user, int src, int64_t tag);
+  // With a claim (src -1 only; common/any_source_claim.h), a header matches this recv only if it
+  // takes the claim first; once another engine has it, the recv is withdrawn and its work is
+  // never to be waited.
+  c10::intrusive_ptr<c10d::Work> recv(const at::Tensor& user, int src, int64_t tag,
+                                      std::shared_ptr<AnySourceClaim> claim = nullptr);
   // Ordered messages (above): `bytes` is a contiguous uint8 view of the caller's memory.
   c10::intrusive_ptr<c10d::Work> sendOrdered(const at::Tensor& bytes, int dst);
   c10::intrusive_ptr<c10d::Work> recvOrdered(const at::Tensor& bytes, int src);
@@ -75,6 +82,9 @@ class FramedP2P : public std::enable_shared_from_this<FramedP2P> {
   void listen();
   void deliver(int src, const Header& h);
   void match(Pending& p, int src, const Header& h);  // under mutex_
+  // Under mutex_: whether `p` may take a message (its claim, if any, taken by the network).
+  static bool claims(const Pending& p);
+  void withdraw(const std::shared_ptr<Pending>& p);
   void failAll(const std::string& reason);           // under mutex_
   c10::intrusive_ptr<c10d::Work> post(bool isSend, const at::Tensor& t, int peer, int slot);
 
