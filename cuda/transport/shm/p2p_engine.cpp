@@ -70,6 +70,19 @@ void P2PEngine::ringRead(int src, char* dst, int64_t n) {
   rc.tail.store(tail + n, std::memory_order_release);
 }
 
+int64_t P2PEngine::nextTag(int src) const {
+  if (ringAvailable(src) < static_cast<int64_t>(sizeof(Header))) return -1;
+  auto& rc = group_.ringControl(src, group_.rank());
+  const char* data = group_.ringData(src, group_.rank());
+  const uint64_t cap = group_.ringBytes();
+  const uint64_t pos = rc.tail.load(std::memory_order_relaxed) % cap;
+  Header h;
+  const uint64_t first = std::min<uint64_t>(sizeof(h), cap - pos);
+  std::memcpy(&h, data + pos, first);
+  if (first < sizeof(h)) std::memcpy(reinterpret_cast<char*>(&h) + first, data, sizeof(h) - first);
+  return h.tag;
+}
+
 void P2PEngine::ring(int rankToWake) {
   auto& c = group_.control(rankToWake);
   c.doorbell.fetch_add(1, std::memory_order_seq_cst);
@@ -164,12 +177,11 @@ void P2PEngine::loop() {
             it = ops_.erase(it);  // another engine received it, or its waiter gave up
             continue;
           }
-          // Any-source: bind to the first peer with a message and no earlier recv queued.
+          // Any-source: bind to the first peer whose next message has this recv's tag (others stay
+          // for the recvs that name their sender) and no earlier recv queued.
           int from = -1;
           for (int s = 0; s < group_.world() && from < 0; ++s)
-            if (s != group_.rank() && !blockedPeers.count({false, s}) &&
-                ringAvailable(s) >= static_cast<int64_t>(sizeof(Header)))
-              from = s;
+            if (s != group_.rank() && !blockedPeers.count({false, s}) && nextTag(s) == op.tag) from = s;
           if (from >= 0 && op.claim && !op.claim->take(AnySourceClaim::Owner::SharedMemory)) {
             it = ops_.erase(it);
             continue;

@@ -25,9 +25,9 @@ class P2PEngine {
   ~P2PEngine();
 
   void postSend(int dst, int tag, const char* data, int64_t bytes, Done done);
-  // src = -1 receives from whichever rank has a message first. With a claim (src -1 only), the
-  // recv binds to a sender only if it takes the claim first, and is dropped without a callback
-  // once another engine has it; its timeout is then the claim holder's to enforce.
+  // src = -1 receives from whichever rank first has a message with this tag next. With a claim
+  // (src -1 only), the recv binds to a sender only if it takes the claim first, and is dropped
+  // without a callback once another engine has it; its timeout is then the claim holder's.
   void postRecv(int src, int tag, char* data, int64_t bytes, Done done,
                 std::shared_ptr<AnySourceClaim> claim = nullptr);
   // How errors and callbacks name this group's ranks: groupRankOf[r] for rank r here (a host's
@@ -61,6 +61,8 @@ class P2PEngine {
   void ringRead(int src, char* dst, int64_t n);
   int64_t ringFree(int dst) const;
   int64_t ringAvailable(int src) const;
+  // The tag of src's next message, without consuming it; -1 while its header is not in.
+  int64_t nextTag(int src) const;
   void ring(int rankToWake);
   void fail(Op& op, const std::string& message);
   std::string describe(const Op& op) const;
