@@ -3,6 +3,7 @@
 // barriers, its Send/Recv steps the network transport the multi-host group handed in.
 #include "backend/collective.h"
 #include "backend/tensor_args.h"
+#include "transport/shm/futex_wait.h"
 
 namespace hoccl {
 
@@ -124,6 +125,11 @@ void ProcessGroupHOCCL::planFromOwnSplits(Collective& c) {
 
 void ProcessGroupHOCCL::runAcrossHosts(const HostsOp& op, int64_t netTag) {
   TORCH_CHECK(hostsCtx_, "hoccl ", op.opName, " on rank ", rank_, ": this group was not joined to its hosts");
+  // Which thread runs the plan. With cores of their own the caller's thread (no hand-off). While
+  // cores are shared (no spinning) this group's worker thread, with the caller asleep in wait():
+  // on the namespaced 2x2 hosts that ran every plan measured 1.3-2.2x faster (docs/multihost.md,
+  // "Which thread runs a plan across hosts"), and 4-18 % slower while spinning.
+  const bool onCallersThread = !coresShared();
   auto work = enqueue(c10d::OpType::UNKNOWN, {}, [this, &op, netTag] {
     Collective c{op.opName};
     c.req.kind = op.kind;
@@ -143,7 +149,7 @@ void ProcessGroupHOCCL::runAcrossHosts(const HostsOp& op, int64_t netTag) {
     c.ctx.net = hostsCtx_->net;
     c.ctx.netTag = netTag;
     runCollective(c);
-  }, INT64_MAX, true);
+  }, INT64_MAX, onCallersThread);
   work->wait();
 }
 
