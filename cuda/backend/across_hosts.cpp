@@ -127,7 +127,7 @@ void ProcessGroupHOCCL::runAcrossHosts(const HostsOp& op, int64_t netTag) {
   TORCH_CHECK(hostsCtx_, "hoccl ", op.opName, " on rank ", rank_, ": this group was not joined to its hosts");
   // Which thread runs the plan. With cores of their own the caller's thread (no hand-off). While
   // cores are shared (no spinning) this group's worker thread, with the caller asleep in wait():
-  // on the namespaced 2x2 hosts that ran every plan measured 1.3-2.2x faster (docs/multihost.md,
+  // on the namespaced 2x2 hosts that ran every plan measured 1.2-2.2x faster (docs/multihost.md,
   // "Which thread runs a plan across hosts"), and 4-18 % slower while spinning.
   const bool onCallersThread = !coresShared();
   auto work = enqueue(c10d::OpType::UNKNOWN, {}, [this, &op, netTag] {

@@ -4,8 +4,9 @@
 // shared memory, network steps on the gloo network engine. Those blocks may still run as legs:
 // inside a host on that local group, across hosts on torch's ProcessGroupGloo groups that the
 // Python creator made and this object owns: one per rail (the ranks with the same local index on
-// each host; rail 0 is the host leaders), one over every rank, one for send/recv (framed with a
-// size check, see transport/net/gloo/framed_p2p.h). Ops run in issue order on one worker thread
+// each host; rail 0 is the host leaders), one over every rank, one for send/recv across hosts
+// (framed with a size check, see transport/net/gloo/framed_p2p.h; a pair on one host uses the
+// local group's send/recv). Ops run in issue order on one worker thread
 // (or the caller's), so every gloo group sees its ops in the same order on every member. The
 // algorithms and their choice rule are in docs/multihost.md.
 #pragma once
@@ -45,7 +46,7 @@ struct InterHostGroups {
   c10::intrusive_ptr<ProcessGroupHOCCL> local;  // this host's ranks (shared memory)
   c10::intrusive_ptr<c10d::Backend> rail;       // this rank's rail (gloo)
   c10::intrusive_ptr<c10d::Backend> global;     // every rank (gloo)
-  c10::intrusive_ptr<c10d::Backend> p2p;        // every rank, send/recv only (gloo)
+  c10::intrusive_ptr<c10d::Backend> p2p;        // every rank: send/recv across hosts, plans' transfers (gloo)
   std::vector<std::string> addressOf;           // per rank: the address its gloo groups use
 };
 
