@@ -455,7 +455,7 @@ def same_host_point_to_point(rank, world):
 
     half = world // 2
     me = (rank % half) * 2 + rank // half
-    store = dist_store("same-host-p2p")
+    store = dist.PrefixStore("same-host-p2p", dist.distributed_c10d._get_default_store())
     pg = _create(store, me, world, timedelta(seconds=4))
     seen = {}
     big = torch.arange(300_000, dtype=torch.float32)
@@ -466,7 +466,7 @@ def same_host_point_to_point(rank, world):
         for w in works:
             w.wait()
         seen["exchange"] = torch.equal(got, big + peer)
-        seen["listeners"] = _p2p_listeners()
+        seen["listeners"] = _listeners()
         if me == 0:
             try:
                 pg.recv([torch.empty(250)], 2, 2).wait()
@@ -499,23 +499,6 @@ def same_host_point_to_point(rank, world):
     seen["fan in"] = check_any_source_fan_in(pg, me, world)
     pg.shutdown()
     return me, seen
-
-
-def dist_store(prefix):
-    import torch.distributed as dist
-
-    return dist.PrefixStore(prefix, dist.distributed_c10d._get_default_store())
-
-
-def _p2p_listeners():
-    names = []
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                names.append(f.read().strip())
-        except OSError:
-            pass
-    return names.count("hoccl-p2p")
 
 
 def test_send_recv_between_ranks_of_one_host_use_its_shared_memory():

@@ -70,9 +70,7 @@ void ProcessGroupHOCCL::runAcrossHosts(Collective& c) {
 // the network waits for it). Either way no message round precedes the data.
 void ProcessGroupHOCCL::planFromOwnSplits(Collective& c) {
   const HostsContext& hosts = *hostsCtx_;
-  std::vector<int> globalOf(static_cast<size_t>(size_));
-  for (int g = 0; g < hosts.world; ++g)
-    if (hosts.localIndex[g] >= 0) globalOf[hosts.localIndex[g]] = g;
+  const std::vector<int> globalOf = hosts.groupRanks();
   std::vector<int64_t> send(size_), recv(size_);
   int64_t sentInHost = 0;
   for (int l = 0; l < size_; ++l) {

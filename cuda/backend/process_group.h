@@ -6,6 +6,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -82,6 +83,13 @@ class ProcessGroupHOCCL : public c10d::Backend {
     // send/recv between this host's ranks: the whole group's timeout, not the longer one this
     // group's collectives wait (a host leg may wait for a peer's inter-host failure).
     std::chrono::milliseconds pointToPointTimeout{0};
+    // Per rank of this host's group: its rank in the whole group (localIndex inverted).
+    std::vector<int> groupRanks() const {
+      std::vector<int> of(std::count_if(localIndex.begin(), localIndex.end(), [](int l) { return l >= 0; }));
+      for (int g = 0; g < world; ++g)
+        if (localIndex[g] >= 0) of[localIndex[g]] = g;
+      return of;
+    }
   };
   void joinHosts(HostsContext hosts);
   // One collective of the whole group, synchronously on the caller's thread, over raw blocks the

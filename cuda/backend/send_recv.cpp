@@ -9,12 +9,7 @@ void ProcessGroupHOCCL::ensureP2P() {
   const bool acrossHosts = hostsCtx_ && hostsCtx_->pointToPointTimeout.count() > 0;
   p2p_ = std::make_unique<P2PEngine>(*group_, acrossHosts ? hostsCtx_->pointToPointTimeout : timeout_);
   // The host's group of a group spanning hosts: errors and source ranks name the whole group's.
-  if (hostsCtx_) {
-    std::vector<int> names(static_cast<size_t>(size_));
-    for (int g = 0; g < hostsCtx_->world; ++g)
-      if (hostsCtx_->localIndex[g] >= 0) names[hostsCtx_->localIndex[g]] = g;
-    p2p_->setRankNames(std::move(names));
-  }
+  if (hostsCtx_) p2p_->setRankNames(hostsCtx_->groupRanks());
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::postP2P(std::vector<at::Tensor>& tensors, int peer, int tag,
