@@ -8,6 +8,9 @@ PY=${PYTHON:-python3}
 # filtering pip's output, keeps pip's exit status (a failed build must fail this script: a
 # stale extension from an earlier build would otherwise pass the import check below).
 export PIP_ROOT_USER_ACTION=ignore
+# The checks below import torch; with a stale hoccl install (its directory removed) torch's
+# autoload of backends would make every one of them fail. The last line checks autoload again.
+export TORCH_DEVICE_BACKEND_AUTOLOAD=0
 
 need() { ! $PY -c "import $1" >/dev/null 2>&1; }
 if need torch; then
@@ -44,4 +47,4 @@ if ! $PY -c "import setuptools.command.bdist_wheel" >/dev/null 2>&1 && need whee
 fi
 # Build against the installed torch (no build isolation: the extension must match its ABI).
 MAX_JOBS=${MAX_JOBS:-2} $PY -m pip install -q --no-build-isolation --no-deps -e .
-$PY -c "import torch, hoccl_backend; hoccl_backend.load_extension()"
+TORCH_DEVICE_BACKEND_AUTOLOAD=1 $PY -c "import torch, hoccl_backend; hoccl_backend.load_extension()"

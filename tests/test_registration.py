@@ -124,3 +124,27 @@ def test_debug_trace_prints_the_plan():
     logs = run_ranks(debug_log, 2, env={"HOCCL_DEBUG": "TRACE"})
     assert "plan allreduce/one-shot: 3 steps, 1 barriers" in logs[0], logs[0]
     assert "reduce out[0]+0 <- slot[r0,b0]+0 slot[r1,b0]+0 x1000 finalize" in logs[0], logs[0]
+
+
+def test_setup_runs_while_a_stale_install_breaks_torch_import(tmp_path):
+    """Reinstalling is how a user repairs a hoccl install whose directory is gone; setup.py must not
+    autoload backends, or that broken entry point stops the reinstall as it stops `import torch`."""
+    import subprocess
+    import sys
+
+    # A distribution like a stale editable install: its torch.backends entry point names a
+    # module that no longer exists anywhere on the path.
+    info = tmp_path / "stale_backend-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: stale-backend\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[torch.backends]\nstale = module_removed_since:autoload\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "TORCH_DEVICE_BACKEND_AUTOLOAD": "1"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    broken = subprocess.run([sys.executable, "-c", "import torch"], capture_output=True, text=True,
+                            timeout=120, env=env, cwd=tmp_path)
+    assert broken.returncode != 0 and "Failed to load the backend extension" in broken.stderr
+    out = subprocess.run([sys.executable, "setup.py", "--name"], capture_output=True, text=True,
+                         timeout=300, env=env, cwd=root)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "hoccl"
