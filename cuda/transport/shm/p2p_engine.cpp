@@ -9,7 +9,7 @@
 namespace hoccl {
 
 P2PEngine::P2PEngine(ShmGroup& group, std::chrono::milliseconds timeout)
-    : group_(group), timeout_(timeout), thread_([this] { loop(); }) {}
+    : group_(group), timeout_(timeout), incoming_(group.world()), thread_([this] { loop(); }) {}
 
 P2PEngine::~P2PEngine() {
   stop_.store(true);
@@ -70,19 +70,6 @@ void P2PEngine::ringRead(int src, char* dst, int64_t n) {
   rc.tail.store(tail + n, std::memory_order_release);
 }
 
-int64_t P2PEngine::nextTag(int src) const {
-  if (ringAvailable(src) < static_cast<int64_t>(sizeof(Header))) return -1;
-  auto& rc = group_.ringControl(src, group_.rank());
-  const char* data = group_.ringData(src, group_.rank());
-  const uint64_t cap = group_.ringBytes();
-  const uint64_t pos = rc.tail.load(std::memory_order_relaxed) % cap;
-  Header h;
-  const uint64_t first = std::min<uint64_t>(sizeof(h), cap - pos);
-  std::memcpy(&h, data + pos, first);
-  if (first < sizeof(h)) std::memcpy(reinterpret_cast<char*>(&h) + first, data, sizeof(h) - first);
-  return h.tag;
-}
-
 void P2PEngine::ring(int rankToWake) {
   auto& c = group_.control(rankToWake);
   c.doorbell.fetch_add(1, std::memory_order_seq_cst);
@@ -118,37 +105,201 @@ bool P2PEngine::progressSend(Op& op) {
   return moved;
 }
 
-bool P2PEngine::progressRecv(Op& op) {
-  bool moved = false;
-  if (!op.framed) {
-    if (ringAvailable(op.peer) < static_cast<int64_t>(sizeof(Header))) return false;
-    Header h;
-    ringRead(op.peer, reinterpret_cast<char*>(&h), sizeof(h));
-    op.framed = moved = true;
-    if (h.tag != op.tag || h.bytes != op.bytes) {
-      // Drain the mismatched message so the pair's stream stays aligned, then report it.
-      int64_t left = h.bytes;
-      while (left > 0) {
-        int64_t n = std::min(ringAvailable(op.peer), left);
-        if (n > 0) ringRead(op.peer, nullptr, n), left -= n, ring(op.peer);
-        else std::this_thread::yield();
-        if (std::chrono::steady_clock::now() > op.deadline) break;
-      }
-      op.done = op.bytes;
-      ring(op.peer);
-      throw std::runtime_error("rank " + std::to_string(name(op.peer)) + " sent " +
-                               std::to_string(h.bytes) + " bytes with tag " + std::to_string(h.tag) +
-                               " but this recv expects " + std::to_string(op.bytes) +
-                               " bytes with tag " + std::to_string(op.tag));
+bool P2PEngine::readHeader(int src) {
+  Incoming& in = incoming_[src];
+  if (in.framed) return true;
+  if (ringAvailable(src) < static_cast<int64_t>(sizeof(Header))) return false;
+  ringRead(src, reinterpret_cast<char*>(&in.head), sizeof(Header));
+  in.framed = true;
+  in.done = 0;
+  in.into = Incoming::Into::Nowhere;
+  ring(src);
+  return true;
+}
+
+namespace {
+std::string sizeMismatch(int sender, int64_t sent, int sentTag, int64_t expected, int tag) {
+  return "rank " + std::to_string(sender) + " sent " + std::to_string(sent) + " bytes with tag " +
+         std::to_string(sentTag) + " but this recv expects " + std::to_string(expected) + " bytes with tag " +
+         std::to_string(tag);
+}
+}  // namespace
+
+P2PEngine::BindResult P2PEngine::bind(OpIt op, int src, std::list<Op>& finished) {
+  Incoming& in = incoming_[src];
+  auto claimed = [&] { return !op->claim || op->claim->take(AnySourceClaim::Owner::SharedMemory); };
+  // Stashed messages came before the one at the head of the ring.
+  for (auto s = in.stashed.begin(); s != in.stashed.end(); ++s) {
+    if (s->tag != op->tag) continue;
+    if (!claimed()) return BindResult::Dropped;
+    op->peer = src;
+    op->framed = true;
+    const int64_t sent = static_cast<int64_t>(s->data.size());
+    if (sent != op->bytes) {
+      fail(*op, sizeMismatch(name(src), sent, s->tag, op->bytes, op->tag));
+      in.stashed.erase(s);
+      return BindResult::Failed;
     }
+    if (sent > 0) std::memcpy(op->data, s->data.data(), sent);
+    op->done = sent;
+    in.stashed.erase(s);
+    completeRecv(op, finished);
+    return BindResult::Completed;
   }
-  int64_t n = std::min(ringAvailable(op.peer), op.bytes - op.done);
-  if (n > 0) {
-    ringRead(op.peer, op.data + op.done, n);
-    op.done += n;
+  if (!readHeader(src) || in.into != Incoming::Into::Nowhere || in.head.tag != op->tag) return BindResult::None;
+  if (!claimed()) return BindResult::Dropped;
+  op->peer = src;
+  op->framed = true;
+  if (in.head.bytes != op->bytes) {
+    // The message is drained so that the pair's stream stays aligned.
+    in.into = Incoming::Into::Discard;
+    fail(*op, sizeMismatch(name(src), in.head.bytes, in.head.tag, op->bytes, op->tag));
+    return BindResult::Failed;
+  }
+  in.into = Incoming::Into::Recv;
+  in.recv = op;
+  return BindResult::Bound;
+}
+
+bool P2PEngine::mustStash(int src) const {
+  const Incoming& in = incoming_[src];
+  bool waits = false;
+  for (const Op& op : ops_) {
+    if (op.send || op.framed) continue;
+    if (op.tag == in.head.tag && (op.peer == src || op.peer < 0)) return false;  // the next pass binds it
+    waits |= op.peer == src;
+  }
+  return waits;
+}
+
+void P2PEngine::completeRecv(OpIt op, std::list<Op>& finished) { finished.splice(finished.end(), ops_, op); }
+
+bool P2PEngine::drain(int src, std::list<Op>& finished) {
+  Incoming& in = incoming_[src];
+  bool moved = false;
+  while (true) {
+    if (!in.framed) {
+      // Headers are read when a recv looks for its message (bind) or must get past this one.
+      bool waits = false;
+      for (const Op& op : ops_) waits |= !op.send && !op.framed && op.peer == src;
+      if (!waits || !readHeader(src)) break;
+      moved = true;
+    }
+    if (in.into == Incoming::Into::Nowhere) {
+      if (!mustStash(src)) break;
+      in.into = Incoming::Into::Stash;
+      in.stash.resize(static_cast<size_t>(in.head.bytes));
+    }
+    const int64_t n = std::min(ringAvailable(src), in.head.bytes - in.done);
+    if (n > 0) {
+      char* dst = in.into == Incoming::Into::Recv    ? in.recv->data + in.done
+                  : in.into == Incoming::Into::Stash ? in.stash.data() + in.done
+                                                     : nullptr;
+      ringRead(src, dst, n);
+      in.done += n;
+      if (in.into == Incoming::Into::Recv) in.recv->done = in.done;
+      ring(src);
+      moved = true;
+    }
+    if (in.done < in.head.bytes) break;
+    if (in.into == Incoming::Into::Recv) completeRecv(in.recv, finished);
+    if (in.into == Incoming::Into::Stash) in.stashed.push_back(Stashed{in.head.tag, std::move(in.stash)});
+    in.stash = {};
+    in.framed = false;
+    in.into = Incoming::Into::Nowhere;
     moved = true;
   }
-  if (moved) ring(op.peer);
+  return moved;
+}
+
+void P2PEngine::unbind(const Op& op) {
+  if (op.peer < 0) return;
+  Incoming& in = incoming_[op.peer];
+  if (in.into == Incoming::Into::Recv && &*in.recv == &op) in.into = Incoming::Into::Discard;
+}
+
+bool P2PEngine::progressRecvs(bool checkPeers, std::list<Op>& finished) {
+  bool moved = false;
+  // Recvs find their messages in posting order: of two recvs for one sender and tag, the first
+  // posted takes the first sent.
+  for (auto it = ops_.begin(); it != ops_.end();) {
+    OpIt op = it++;
+    if (op->send || op->framed) continue;
+    if (op->claim && op->claim->owner() != AnySourceClaim::Owner::None) {
+      ops_.erase(op);  // another engine received it, or its waiter gave up
+      continue;
+    }
+    BindResult r = BindResult::None;
+    if (op->peer >= 0) {
+      r = bind(op, op->peer, finished);
+    } else {
+      // Any source: a sender with a message of this tag stashed or next in its ring (a recv from
+      // any source does not stash other messages to look further).
+      for (int s = 0; s < group_.world() && r == BindResult::None; ++s)
+        if (s != group_.rank()) r = bind(op, s, finished);
+    }
+    if (r == BindResult::Failed || r == BindResult::Dropped) ops_.erase(op);
+    moved |= r != BindResult::None;
+  }
+  for (int s = 0; s < group_.world(); ++s)
+    if (s != group_.rank()) moved |= drain(s, finished);
+  const auto now = std::chrono::steady_clock::now();
+  for (auto it = ops_.begin(); it != ops_.end();) {
+    OpIt op = it++;
+    if (op->send) continue;
+    if (now > op->deadline && !op->claim) {
+      unbind(*op);
+      if (op->peer < 0)
+        fail(*op, "Timed out after " + std::to_string(timeout_.count()) + " ms: no rank sent");
+      else
+        fail(*op, "Timed out after " + std::to_string(timeout_.count()) + " ms (" + std::to_string(op->done) +
+                      " of " + std::to_string(op->bytes) + " bytes moved; is the matching send posted?)");
+      ops_.erase(op);
+      continue;
+    }
+    if (!checkPeers || op->peer < 0) continue;
+    try {
+      group_.checkAlive(op->peer, describe(*op), name(op->peer));
+    } catch (const std::exception&) {
+      unbind(*op);
+      op->callback(std::current_exception(), name(op->peer));
+      ops_.erase(op);
+    }
+  }
+  return moved;
+}
+
+bool P2PEngine::progressSends(bool checkPeers, std::list<Op>& finished) {
+  bool moved = false;
+  std::set<int> blockedPeers;  // keep FIFO order per destination
+  const auto now = std::chrono::steady_clock::now();
+  for (auto it = ops_.begin(); it != ops_.end();) {
+    Op& op = *it;
+    if (!op.send || blockedPeers.count(op.peer)) {
+      ++it;
+      continue;
+    }
+    moved |= progressSend(op);
+    if (op.framed && op.done == op.bytes) {
+      finished.splice(finished.end(), ops_, it++);
+      continue;
+    }
+    blockedPeers.insert(op.peer);
+    if (now > op.deadline) {
+      fail(op, "Timed out after " + std::to_string(timeout_.count()) + " ms (" + std::to_string(op.done) + " of " +
+                   std::to_string(op.bytes) + " bytes moved; is the matching recv posted?)");
+      it = ops_.erase(it);
+      continue;
+    }
+    try {
+      if (checkPeers) group_.checkAlive(op.peer, describe(op), name(op.peer));
+    } catch (const std::exception&) {
+      op.callback(std::current_exception(), name(op.peer));
+      it = ops_.erase(it);
+      continue;
+    }
+    ++it;
+  }
   return moved;
 }
 
@@ -161,74 +312,16 @@ void P2PEngine::loop() {
       if (ops_.empty()) continue;
     }
     uint32_t bell = me.doorbell.load(std::memory_order_seq_cst);
-    bool progressed = false;
     // Liveness of peers is read from /proc: only every 100 ms, not on every pass.
     auto now = std::chrono::steady_clock::now();
     bool checkPeers = now - lastPeerCheck_ > std::chrono::milliseconds(100);
     if (checkPeers) lastPeerCheck_ = now;
     std::list<Op> finished;
+    bool progressed;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      std::set<std::pair<bool, int>> blockedPeers;  // keep FIFO order per (direction, peer)
-      for (auto it = ops_.begin(); it != ops_.end();) {
-        Op& op = *it;
-        if (!op.send && op.peer < 0) {
-          if (op.claim && op.claim->owner() != AnySourceClaim::Owner::None) {
-            it = ops_.erase(it);  // another engine received it, or its waiter gave up
-            continue;
-          }
-          // Any-source: bind to the first peer whose next message has this recv's tag (others stay
-          // for the recvs that name their sender) and no earlier recv queued.
-          int from = -1;
-          for (int s = 0; s < group_.world() && from < 0; ++s)
-            if (s != group_.rank() && !blockedPeers.count({false, s}) && nextTag(s) == op.tag) from = s;
-          if (from >= 0 && op.claim && !op.claim->take(AnySourceClaim::Owner::SharedMemory)) {
-            it = ops_.erase(it);
-            continue;
-          }
-          op.peer = from;
-          if (op.peer < 0) {
-            if (!op.claim && std::chrono::steady_clock::now() > op.deadline) {
-              fail(op, "Timed out after " + std::to_string(timeout_.count()) + " ms: no rank sent");
-              it = ops_.erase(it);
-              continue;
-            }
-            ++it;
-            continue;
-          }
-        }
-        auto key = std::make_pair(op.send, op.peer);
-        if (blockedPeers.count(key)) { ++it; continue; }
-        try {
-          progressed |= op.send ? progressSend(op) : progressRecv(op);
-        } catch (const std::exception& e) {
-          fail(op, e.what());
-          it = ops_.erase(it);
-          progressed = true;
-          continue;
-        }
-        bool complete = op.framed && op.done == op.bytes;
-        if (complete) {
-          finished.splice(finished.end(), ops_, it++);
-          continue;
-        }
-        blockedPeers.insert(key);
-        if (std::chrono::steady_clock::now() > op.deadline) {
-          fail(op, "Timed out after " + std::to_string(timeout_.count()) + " ms (" +
-                       std::to_string(op.done) + " of " + std::to_string(op.bytes) +
-                       " bytes moved; is the matching " + (op.send ? "recv" : "send") + " posted?)");
-          it = ops_.erase(it);
-          continue;
-        }
-        try {
-          if (checkPeers) group_.checkAlive(op.peer, describe(op), name(op.peer));
-        } catch (const std::exception& e) {
-          op.callback(std::current_exception(), name(op.peer));
-          it = ops_.erase(it);
-          continue;
-        }
-        ++it;
-      }
+      progressed = progressSends(checkPeers, finished);
+      progressed |= progressRecvs(checkPeers, finished);
     }
     for (auto& op : finished) op.callback(nullptr, name(op.peer));
     if (!progressed && finished.empty()) {
