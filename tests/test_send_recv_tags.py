@@ -43,6 +43,9 @@ def tags_out_of_order(rank, world):
         any_source = torch.empty(8)
         sender = dist.recv(any_source, None, tag=10)
         seen["any source"] = (sender, torch.equal(any_source, payload(2, 10)))
+        # A recv from any source gets past rank 2's tag-12 message too.
+        sender = dist.recv(any_source, None, tag=13)
+        seen["any source, past one"] = (sender, torch.equal(any_source, payload(2, 13)), received(2, 12))
         # Posted before the sends, in the other order.
         late, early = torch.empty(8), torch.empty(8)
         works = [dist.irecv(late, 0, tag=21), dist.irecv(early, 0, tag=20)]
@@ -52,7 +55,7 @@ def tags_out_of_order(rank, world):
         seen["posted first"] = [torch.equal(early, payload(0, 20)), torch.equal(late, payload(0, 21))]
     else:
         # isend: on gloo a send completes only once its recv is posted (tag 10's comes last).
-        for w in [dist.isend(payload(2, tag), 1, tag=tag) for tag in (10, 11)]:
+        for w in [dist.isend(payload(2, tag), 1, tag=tag) for tag in (10, 11, 12, 13)]:
             w.wait()
         dist.barrier()
     return seen
@@ -60,7 +63,7 @@ def tags_out_of_order(rank, world):
 
 def expected_on_receiver():
     return {"past three": [True] * 4, "same tag in order": [True, True], "from 2": True,
-            "any source": (2, True), "posted first": [True, True]}
+            "any source": (2, True), "any source, past one": (2, True, True), "posted first": [True, True]}
 
 
 def test_tags_out_of_order_match_as_on_gloo():

@@ -167,7 +167,7 @@ bool P2PEngine::mustStash(int src) const {
   for (const Op& op : ops_) {
     if (op.send || op.framed) continue;
     if (op.tag == in.head.tag && (op.peer == src || op.peer < 0)) return false;  // the next pass binds it
-    waits |= op.peer == src;
+    waits |= op.peer == src || op.peer < 0;
   }
   return waits;
 }
@@ -181,7 +181,7 @@ bool P2PEngine::drain(int src, std::list<Op>& finished) {
     if (!in.framed) {
       // Headers are read when a recv looks for its message (bind) or must get past this one.
       bool waits = false;
-      for (const Op& op : ops_) waits |= !op.send && !op.framed && op.peer == src;
+      for (const Op& op : ops_) waits |= !op.send && !op.framed && (op.peer == src || op.peer < 0);
       if (!waits || !readHeader(src)) break;
       moved = true;
     }
@@ -233,8 +233,8 @@ bool P2PEngine::progressRecvs(bool checkPeers, std::list<Op>& finished) {
     if (op->peer >= 0) {
       r = bind(op, op->peer, finished);
     } else {
-      // Any source: a sender with a message of this tag stashed or next in its ring (a recv from
-      // any source does not stash other messages to look further).
+      // Any source: the first sender with a message of this tag stashed or next in its ring; while
+      // none has, drain stashes what the senders' rings hold before it.
       for (int s = 0; s < group_.world() && r == BindResult::None; ++s)
         if (s != group_.rank()) r = bind(op, s, finished);
     }

@@ -88,7 +88,7 @@ class P2PEngine {
   enum class BindResult { None, Bound, Completed, Failed, Dropped };
   BindResult bind(OpIt op, int src, std::list<Op>& finished);
   // Moves src's ring forward: into the recv its head message is bound to, or into a stash when a
-  // recv for src waits behind a message no posted recv takes.
+  // recv for src (or from any source) waits behind a message no posted recv takes.
   bool drain(int src, std::list<Op>& finished);
   bool readHeader(int src);
   bool mustStash(int src) const;
