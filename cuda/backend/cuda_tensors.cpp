@@ -90,13 +90,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::enqueueCuda(c10d::OpType type,
     end->record(comm);
     work->setEndEvent(end);
   };
-  {
-    std::lock_guard<std::mutex> lock(queueMutex_);
-    TORCH_CHECK(!stopping_, "hoccl: rank ", rank_, ": the process group was shut down");
-    if (coalescing_) coalesced_.push_back(work);
-    queue_.emplace_back(work, std::move(body));
-  }
-  queueCv_.notify_one();
+  queue_.submit(work, std::move(body), false);
   return work;
 }
 

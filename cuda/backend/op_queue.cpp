@@ -1,55 +1,10 @@
-#include "backend/process_group.h"
-#include "transport/shm/futex_wait.h"
-
-#include <algorithm>
+#include "backend/op_queue.h"
 
 namespace hoccl {
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::enqueue(c10d::OpType type, std::vector<at::Tensor> outputs,
-                                                          Body body, int64_t bytes, bool callerWaits) {
-  // A caller that blocks in wait() right after gains nothing from the worker thread and pays two
-  // cross-core wake-ups (tens of microseconds each on a virtual machine). CUDA tensors keep the
-  // worker: their wait() must not block the host.
-  callerWaits = callerWaits && std::all_of(outputs.begin(), outputs.end(), [](const at::Tensor& t) {
-    return t.device().is_cpu();
-  });
-  auto work = c10::make_intrusive<WorkHOCCL>(rank_, type, std::move(outputs));
-  issued_.fetch_add(1);
-  if (capturing()) {  // host mirrors of a CUDA op: hand the body to the CUDA stream manager
-    storeCapture(std::move(body));
-    return work;
-  }
-  {
-    std::lock_guard<std::mutex> lock(queueMutex_);
-    TORCH_CHECK(!stopping_, "hoccl: rank ", rank_, ": the process group was shut down");
-    if (coalescing_) coalesced_.push_back(work);
-    // A small op with nothing ahead of it runs right here: two thread hand-offs cost more than
-    // the op itself. Issue order is kept because nothing is queued or running.
-    bool runHere = (bytes <= config_.inlineMaxBytes || callerWaits) && queue_.empty() && !busy_ && !coalescing_;
-    if (!runHere) {
-      queue_.emplace_back(work, std::move(body));
-      queueCv_.notify_one();
-      return work;
-    }
-    busy_ = true;
-  }
-  {
-    const int64_t callerSpin = coresShared() ? config_.sharedCallerSpinMicros : config_.callerSpinMicros;
-    SpinAtLeast spin(std::chrono::microseconds(callerWaits ? callerSpin : 0));
-    runTask(work, body);
-  }
-  bool wakeWorker;
-  {
-    std::lock_guard<std::mutex> lock(queueMutex_);
-    busy_ = false;
-    // Waking the worker for nothing costs a context switch per op on a busy core.
-    wakeWorker = !queue_.empty() || stopping_;
-  }
-  if (wakeWorker) queueCv_.notify_one();
-  return work;
-}
+void OpQueue::start() { worker_ = std::thread([this] { workerLoop(); }); }
 
-void ProcessGroupHOCCL::runTask(const c10::intrusive_ptr<WorkHOCCL>& work, const Body& body) {
+void OpQueue::run(const c10::intrusive_ptr<WorkHOCCL>& work, const Body& body) {
   try {
     body();
     work->complete(nullptr);
@@ -58,40 +13,80 @@ void ProcessGroupHOCCL::runTask(const c10::intrusive_ptr<WorkHOCCL>& work, const
   }
 }
 
-void ProcessGroupHOCCL::workerLoop() {
+void OpQueue::submit(const c10::intrusive_ptr<WorkHOCCL>& work, Body body, bool mayRunHere,
+                     const AroundInline& around) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    TORCH_CHECK(!stopping_, "hoccl: rank ", rank_, ": the process group was shut down");
+    if (coalescing_) coalesced_.push_back(work);
+    // Issue order holds: nothing is queued or running.
+    if (!(mayRunHere && queue_.empty() && !busy_ && !coalescing_)) {
+      queue_.emplace_back(work, std::move(body));
+      cv_.notify_one();
+      return;
+    }
+    busy_ = true;
+  }
+  if (around)
+    around([&] { run(work, body); });
+  else
+    run(work, body);
+  bool wakeWorker;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    busy_ = false;
+    // Waking the worker for nothing costs a context switch per op on a busy core.
+    wakeWorker = !queue_.empty() || stopping_;
+  }
+  if (wakeWorker) cv_.notify_one();
+}
+
+void OpQueue::workerLoop() {
   while (true) {
     std::pair<c10::intrusive_ptr<WorkHOCCL>, Body> task;
     {
-      std::unique_lock<std::mutex> lock(queueMutex_);
-      queueCv_.wait(lock, [&] { return (stopping_ && !busy_) || (!queue_.empty() && !busy_); });
+      std::unique_lock<std::mutex> lock(mutex_);
+      cv_.wait(lock, [&] { return !busy_ && (stopping_ || !queue_.empty()); });
       if (queue_.empty()) return;  // stopping and drained
       task = std::move(queue_.front());
       queue_.pop_front();
       busy_ = true;
     }
-    runTask(task.first, task.second);
-    {
-      std::lock_guard<std::mutex> lock(queueMutex_);
-      busy_ = false;
-    }
+    run(task.first, task.second);
+    std::lock_guard<std::mutex> lock(mutex_);
+    busy_ = false;
   }
 }
 
-void ProcessGroupHOCCL::startCoalescing() {
-  std::lock_guard<std::mutex> lock(queueMutex_);
+void OpQueue::track(const c10::intrusive_ptr<c10d::Work>& work) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (coalescing_) coalesced_.push_back(work);
+}
+
+void OpQueue::startCoalescing() {
+  std::lock_guard<std::mutex> lock(mutex_);
   coalescing_ = true;
   coalesced_.clear();
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::endCoalescing() {
+c10::intrusive_ptr<c10d::Work> OpQueue::endCoalescing() {
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
   {
-    std::lock_guard<std::mutex> lock(queueMutex_);
+    std::lock_guard<std::mutex> lock(mutex_);
     coalescing_ = false;
-    for (auto& w : coalesced_) works.push_back(w);
-    coalesced_.clear();
+    works.swap(coalesced_);
   }
   return c10::make_intrusive<WorkGroupHOCCL>(rank_, std::move(works));
+}
+
+void OpQueue::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
 }
 
 }  // namespace hoccl

@@ -2,10 +2,12 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "backend/config.h"
 #include "common/config.h"
+#include "transport/shm/futex_wait.h"
 
 namespace hoccl {
 
@@ -26,7 +28,8 @@ ProcessGroupHOCCL::ProcessGroupHOCCL(const c10::intrusive_ptr<c10d::Store>& stor
       timeout_(timeout),
       store_(store),
       config_(HocclConfig::forGroupCreation(rank, size)),
-      hugePages_(config_.hugePageMinBytes) {
+      hugePages_(config_.hugePageMinBytes),
+      queue_(rank) {
   hosts_ = HostTable::exchange(store, rank, size, timeout);
   if (config_.debug >= 1 && rank == 0)
     std::fprintf(stderr, "[hoccl rank 0] group of %d ranks on %d host(s); configuration:\n%s", size,
@@ -37,19 +40,14 @@ ProcessGroupHOCCL::ProcessGroupHOCCL(const c10::intrusive_ptr<c10d::Store>& stor
   group_ = std::make_unique<ShmGroup>(store, rank, size, config_.shm, timeout);
   executor_ = std::make_unique<Executor>(*group_);
   if (config_.debug >= 1) profile_ = std::make_unique<OpProfile>();
-  worker_ = std::thread([this] { workerLoop(); });
+  queue_.start();
 }
 
 ProcessGroupHOCCL::~ProcessGroupHOCCL() { shutdown(); }
 
 void ProcessGroupHOCCL::shutdown() {
-  {
-    std::lock_guard<std::mutex> lock(queueMutex_);
-    if (stopping_) return;
-    stopping_ = true;
-  }
-  queueCv_.notify_all();
-  if (worker_.joinable()) worker_.join();
+  if (shutDown_.exchange(true)) return;
+  queue_.stop();
   if (profile_) std::fputs(profile_->report(rank_).c_str(), stderr);
   std::lock_guard<std::mutex> lock(p2pMutex_);
   p2p_.reset();
@@ -61,6 +59,36 @@ void ProcessGroupHOCCL::abort() {
 }
 
 void ProcessGroupHOCCL::abortWith(const std::string& reason) { group_->abort(reason); }
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::enqueue(c10d::OpType type, std::vector<at::Tensor> outputs,
+                                                          Body body, int64_t bytes, bool callerWaits) {
+  // A caller that blocks in wait() right after gains nothing from the worker thread and pays two
+  // cross-core wake-ups (tens of microseconds each on a virtual machine). CUDA tensors keep the
+  // worker: their wait() must not block the host.
+  callerWaits = callerWaits && std::all_of(outputs.begin(), outputs.end(), [](const at::Tensor& t) {
+    return t.device().is_cpu();
+  });
+  auto work = c10::make_intrusive<WorkHOCCL>(rank_, type, std::move(outputs));
+  issued_.fetch_add(1);
+  if (capturing()) {  // host mirrors of a CUDA op: hand the body to the CUDA stream manager
+    storeCapture(std::move(body));
+    return work;
+  }
+  // A small op with nothing ahead of it runs right here: two thread hand-offs cost more than the
+  // op itself.
+  const bool mayRunHere = bytes <= config_.inlineMaxBytes || callerWaits;
+  const int64_t callerSpin =
+      callerWaits ? (coresShared() ? config_.sharedCallerSpinMicros : config_.callerSpinMicros) : 0;
+  queue_.submit(work, std::move(body), mayRunHere, [callerSpin](const std::function<void()>& run) {
+    SpinAtLeast spin(std::chrono::microseconds(callerSpin));
+    run();
+  });
+  return work;
+}
+
+void ProcessGroupHOCCL::startCoalescing() { queue_.startCoalescing(); }
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::endCoalescing() { return queue_.endCoalescing(); }
 
 std::string ProcessGroupHOCCL::lastAlgorithm() const {
   std::lock_guard<std::mutex> lock(lastAlgoMutex_);

@@ -21,6 +21,7 @@
 #include "backend/host_table.h"
 #include "backend/work.h"
 #include "backend/op_profile.h"
+#include "backend/op_queue.h"
 #include "exec/executor.h"
 #include "transport/shm/huge_pages.h"
 #include "transport/shm/p2p_engine.h"
@@ -176,8 +177,6 @@ class ProcessGroupHOCCL : public c10d::Backend {
   // bytes = payload size.
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, std::vector<at::Tensor> outputs, Body body,
                                          int64_t bytes = INT64_MAX, bool callerWaits = false);
-  void runTask(const c10::intrusive_ptr<WorkHOCCL>& work, const Body& body);
-  void workerLoop();
   void runCollective(Collective& c);
   void runPlan(Collective& c, const std::shared_ptr<const Plan>& plan);
   void runAllToAll(Collective& c);
@@ -263,16 +262,9 @@ class ProcessGroupHOCCL : public c10d::Backend {
   std::atomic<CoreSharing> lastCoreSharing_{CoreSharing::None};
   uint64_t monitoredBarriers_ = 0;  // calls so far: keys of each call are fresh
 
-  std::mutex queueMutex_;
-  std::condition_variable queueCv_;
-  std::deque<std::pair<c10::intrusive_ptr<WorkHOCCL>, Body>> queue_;
-  bool stopping_ = false;
-  bool busy_ = false;  // a task is running (on the worker or inline)
+  OpQueue queue_;
+  std::atomic<bool> shutDown_{false};
   std::atomic<uint64_t> issued_{0};  // collectives issued so far (getSequenceNumberForGroup)
-  std::thread worker_;
-
-  bool coalescing_ = false;
-  std::vector<c10::intrusive_ptr<WorkHOCCL>> coalesced_;
 
   std::mutex planMutex_;
   // Keyed by (kind, root, element size, bytes, cross-memory, addresses published, every tensor

@@ -23,10 +23,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::postP2P(std::vector<at::Tensor
   if (!cuda) checkTensor(user, op, rank_);
   ensureP2P();
   auto work = c10::make_intrusive<WorkHOCCL>(rank_, send ? c10d::OpType::SEND : c10d::OpType::RECV, tensors);
-  {
-    std::lock_guard<std::mutex> lock(queueMutex_);
-    if (coalescing_) coalesced_.push_back(work);
-  }
+  queue_.track(work);
   // CUDA tensors travel through a pinned host mirror: D2H before a send (ordered after the
   // caller's stream), H2D on the comm stream after a recv.
   at::Tensor host = cuda ? cudaHostMirror(user, send) : at::Tensor();

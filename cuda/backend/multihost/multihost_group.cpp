@@ -37,7 +37,8 @@ MultiHostGroup::MultiHostGroup(int rank, int size, std::chrono::milliseconds tim
       myRail_(layout_.railRanks[localRank_]),
       leaderMaxBytes_(leaderMaxBytes),
       checkAcrossHosts_(checkAcrossHosts),
-      timeout_(timeout) {
+      timeout_(timeout),
+      queue_(rank) {
   TORCH_CHECK(groups_.local && groups_.rail && groups_.global && groups_.p2p,
               "hoccl process group creation on rank ", rank, ": a multi-host group needs its local, rail, global "
               "and p2p groups");
@@ -54,7 +55,7 @@ MultiHostGroup::MultiHostGroup(int rank, int size, std::chrono::milliseconds tim
   if (config::text("HOCCL_DEBUG") != "off")
     std::fprintf(stderr, "[hoccl rank %d] costs across hosts: %s\n", rank, describeNetCosts(netCosts_).c_str());
   joinHostGroup();
-  worker_ = std::thread([this] { workerLoop(); });
+  queue_.start();
 }
 
 // The host's group runs collectives of this group as plans across hosts: it learns where every
@@ -80,13 +81,8 @@ void MultiHostGroup::joinHostGroup() {
 MultiHostGroup::~MultiHostGroup() { shutdown(); }
 
 void MultiHostGroup::shutdown() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (stopping_) return;
-    stopping_ = true;
-  }
-  cv_.notify_all();
-  if (worker_.joinable()) worker_.join();
+  if (shutDown_.exchange(true)) return;
+  queue_.stop();
   net_->abort("the process group was shut down");  // stops framed_
   groups_.local->shutdown();
 }
@@ -158,75 +154,20 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::enqueue(c10d::OpType type, std::v
   auto work = c10::make_intrusive<WorkHOCCL>(rank_, type, std::move(outputs));
   if (captured(body)) return work;
   issued_.fetch_add(1);
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    TORCH_CHECK(!stopping_, "hoccl: rank ", rank_, ": the process group was shut down");
-    if (coalescing_) coalesced_.push_back(work);
-    // A caller about to block in wait() gains nothing from the worker and pays two wake-ups,
-    // each up to a scheduler tick on loaded cores. Issue order holds: nothing is queued or running.
-    if (!(callerWaits && queue_.empty() && !busy_ && !coalescing_)) {
-      queue_.emplace_back(work, std::move(body));
-      cv_.notify_one();
-      return work;
-    }
-    busy_ = true;
-  }
-  runTask(work, body);
-  bool wakeWorker;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    busy_ = false;
-    wakeWorker = !queue_.empty() || stopping_;
-  }
-  if (wakeWorker) cv_.notify_one();
+  // A caller about to block in wait() gains nothing from the worker and pays two wake-ups, each
+  // up to a scheduler tick on loaded cores.
+  queue_.submit(work, std::move(body), callerWaits);
   return work;
-}
-
-void MultiHostGroup::runTask(const c10::intrusive_ptr<WorkHOCCL>& work, const Body& body) {
-  try {
-    body();
-    work->complete(nullptr);
-  } catch (...) {
-    work->complete(std::current_exception());
-  }
-}
-
-void MultiHostGroup::workerLoop() {
-  while (true) {
-    std::pair<c10::intrusive_ptr<WorkHOCCL>, Body> task;
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      cv_.wait(lock, [&] { return !busy_ && (stopping_ || !queue_.empty()); });
-      if (queue_.empty()) return;  // stopping and drained
-      task = std::move(queue_.front());
-      queue_.pop_front();
-      busy_ = true;
-    }
-    runTask(task.first, task.second);
-    std::lock_guard<std::mutex> lock(mutex_);
-    busy_ = false;
-  }
 }
 
 c10::intrusive_ptr<c10d::Work> MultiHostGroup::tracked(c10::intrusive_ptr<c10d::Work> work) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (coalescing_) coalesced_.push_back(work);
+  queue_.track(work);
   return work;
 }
 
-void MultiHostGroup::startCoalescing() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  coalescing_ = true;
-  coalesced_.clear();
-}
+void MultiHostGroup::startCoalescing() { queue_.startCoalescing(); }
 
-c10::intrusive_ptr<c10d::Work> MultiHostGroup::endCoalescing() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  coalescing_ = false;
-  auto works = std::move(coalesced_);
-  coalesced_.clear();
-  return c10::make_intrusive<WorkGroupHOCCL>(rank_, std::move(works));
-}
+c10::intrusive_ptr<c10d::Work> MultiHostGroup::endCoalescing() { return queue_.endCoalescing(); }
 
 void MultiHostGroup::checkUsable(const char* op) const {
   std::lock_guard<std::mutex> lock(stateMutex_);

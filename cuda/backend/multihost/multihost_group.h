@@ -23,6 +23,7 @@
 #include "backend/multihost/alltoall_forms.h"
 #include "transport/net/gloo/gloo_net_transport.h"
 #include "backend/multihost/host_layout.h"
+#include "backend/op_queue.h"
 #include "backend/process_group.h"
 #include "backend/work.h"
 #include "common/config.h"
@@ -127,7 +128,6 @@ class MultiHostGroup : public c10d::Backend {
   // or running, the body runs on the caller's thread.
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, std::vector<at::Tensor> outputs, Body body,
                                          bool callerWaits = false);
-  void runTask(const c10::intrusive_ptr<WorkHOCCL>& work, const Body& body);
 
   // CUDA tensors (cuda_staging.cpp): D2H into pinned host mirrors on the comm stream, the CPU op
   // (`call`, given the mirrors in the order of `inputs` and `outputs`) over them, H2D back.
@@ -144,7 +144,6 @@ class MultiHostGroup : public c10d::Backend {
   // While viaHost runs the CPU op on this thread, enqueue() hands the op's body here instead of
   // queueing it.
   bool captured(Body& body);
-  void workerLoop();
   c10::intrusive_ptr<c10d::Work> allreduceSparse(const at::Tensor& t, RedOp op);  // sparse COO, hier_reductions.cpp
   void setAlgorithm(const char* name);
   void setAllToAllPhases(const SplitMatrix& m, AllToAllHostsForm form);
@@ -212,13 +211,8 @@ class MultiHostGroup : public c10d::Backend {
   NetCosts netCosts_;
   std::chrono::milliseconds timeout_;
 
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<std::pair<c10::intrusive_ptr<WorkHOCCL>, Body>> queue_;
-  bool stopping_ = false;
-  bool coalescing_ = false;
-  bool busy_ = false;  // a task is running (on the worker or the caller's thread)
-  std::vector<c10::intrusive_ptr<c10d::Work>> coalesced_;
+  OpQueue queue_;
+  std::atomic<bool> shutDown_{false};
   std::atomic<uint64_t> issued_{0};
   mutable std::mutex stateMutex_;
   std::string broken_;  // the first inter-host failure; later ops fail with it at once
@@ -229,7 +223,6 @@ class MultiHostGroup : public c10d::Backend {
   std::shared_ptr<FramedP2P> framed_;  // send/recv over groups_.p2p
   std::unique_ptr<GlooNetTransport> net_;  // plans' network transfers, on framed_
   std::optional<c10::Stream> comm_;    // CUDA tensors' comm stream (caller's thread only)
-  std::thread worker_;
 };
 
 }  // namespace hoccl
