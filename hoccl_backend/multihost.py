@@ -1,9 +1,11 @@
 """Creation of a hoccl group whose ranks sit on more than one host.
 
-The C++ MultiHostGroup composes every collective from legs: inside each host on an ordinary
-hoccl group over that host's ranks (shared memory), across hosts on torch's ProcessGroupGloo.
-The gloo groups cannot be built from C++ against the torch wheel (its gloo headers are not
-shipped), so they are built here and handed over; the C++ group owns them from then on.
+The C++ MultiHostGroup runs every collective as one plan across hosts, executed by an ordinary
+hoccl group over this host's ranks (shared memory) with its network steps on torch's
+ProcessGroupGloo (all_gather of mid-size blocks on even hosts may still run as legs, see
+docs/multihost.md). The gloo groups cannot be built from C++ against the torch wheel (its gloo
+headers are not shipped), so they are built here and handed over; the C++ group owns them from
+then on.
 Every rank creates its groups in one canonical order (local, global, p2p, its rail): gloo's
 constructor connects its full mesh and blocks until every member has arrived.
 """

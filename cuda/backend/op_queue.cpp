@@ -79,14 +79,15 @@ c10::intrusive_ptr<c10d::Work> OpQueue::endCoalescing() {
   return c10::make_intrusive<WorkGroupHOCCL>(rank_, std::move(works));
 }
 
-void OpQueue::stop() {
+bool OpQueue::stop() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (stopping_) return;
+    if (stopping_) return false;
     stopping_ = true;
   }
   cv_.notify_all();
   if (worker_.joinable()) worker_.join();
+  return true;
 }
 
 }  // namespace hoccl

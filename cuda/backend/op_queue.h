@@ -39,8 +39,9 @@ class OpQueue {
   void track(const c10::intrusive_ptr<c10d::Work>& work);
   void startCoalescing();
   c10::intrusive_ptr<c10d::Work> endCoalescing();
-  // Runs what is queued, then joins the worker. Idempotent.
-  void stop();
+  // Runs what is queued, then joins the worker. Idempotent: true for the call that stopped it
+  // (its owner's shutdown goes on only then).
+  bool stop();
 
  private:
   static void run(const c10::intrusive_ptr<WorkHOCCL>& work, const Body& body);

@@ -46,8 +46,7 @@ ProcessGroupHOCCL::ProcessGroupHOCCL(const c10::intrusive_ptr<c10d::Store>& stor
 ProcessGroupHOCCL::~ProcessGroupHOCCL() { shutdown(); }
 
 void ProcessGroupHOCCL::shutdown() {
-  if (shutDown_.exchange(true)) return;
-  queue_.stop();
+  if (!queue_.stop()) return;
   if (profile_) std::fputs(profile_->report(rank_).c_str(), stderr);
   std::lock_guard<std::mutex> lock(p2pMutex_);
   p2p_.reset();

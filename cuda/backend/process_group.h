@@ -263,7 +263,6 @@ class ProcessGroupHOCCL : public c10d::Backend {
   uint64_t monitoredBarriers_ = 0;  // calls so far: keys of each call are fresh
 
   OpQueue queue_;
-  std::atomic<bool> shutDown_{false};
   std::atomic<uint64_t> issued_{0};  // collectives issued so far (getSequenceNumberForGroup)
 
   std::mutex planMutex_;

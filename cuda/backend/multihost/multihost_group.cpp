@@ -81,8 +81,7 @@ void MultiHostGroup::joinHostGroup() {
 MultiHostGroup::~MultiHostGroup() { shutdown(); }
 
 void MultiHostGroup::shutdown() {
-  if (shutDown_.exchange(true)) return;
-  queue_.stop();
+  if (!queue_.stop()) return;
   net_->abort("the process group was shut down");  // stops framed_
   groups_.local->shutdown();
 }

@@ -212,7 +212,6 @@ class MultiHostGroup : public c10d::Backend {
   std::chrono::milliseconds timeout_;
 
   OpQueue queue_;
-  std::atomic<bool> shutDown_{false};
   std::atomic<uint64_t> issued_{0};
   mutable std::mutex stateMutex_;
   std::string broken_;  // the first inter-host failure; later ops fail with it at once

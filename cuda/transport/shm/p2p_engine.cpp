@@ -1,5 +1,6 @@
 #include "transport/shm/p2p_engine.h"
 
+#include <algorithm>
 #include <cstring>
 #include <set>
 #include <stdexcept>
@@ -165,9 +166,9 @@ bool P2PEngine::mustStash(int src) const {
   const Incoming& in = incoming_[src];
   bool waits = false;
   for (const Op& op : ops_) {
-    if (op.send || op.framed) continue;
-    if (op.tag == in.head.tag && (op.peer == src || op.peer < 0)) return false;  // the next pass binds it
-    waits |= op.peer == src || op.peer < 0;
+    if (!op.waitsFor(src)) continue;
+    if (op.tag == in.head.tag) return false;  // the next pass binds it
+    waits = true;
   }
   return waits;
 }
@@ -180,8 +181,7 @@ bool P2PEngine::drain(int src, std::list<Op>& finished) {
   while (true) {
     if (!in.framed) {
       // Headers are read when a recv looks for its message (bind) or must get past this one.
-      bool waits = false;
-      for (const Op& op : ops_) waits |= !op.send && !op.framed && (op.peer == src || op.peer < 0);
+      const bool waits = std::any_of(ops_.begin(), ops_.end(), [src](const Op& op) { return op.waitsFor(src); });
       if (!waits || !readHeader(src)) break;
       moved = true;
     }

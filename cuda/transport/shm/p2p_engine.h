@@ -53,6 +53,8 @@ class P2PEngine {
     std::chrono::steady_clock::time_point deadline;
     Done callback;
     std::shared_ptr<AnySourceClaim> claim;
+    // An unbound recv that may take the next message from `src`.
+    bool waitsFor(int src) const { return !send && !framed && (peer == src || peer < 0); }
   };
   using OpIt = std::list<Op>::iterator;
   struct Header {
