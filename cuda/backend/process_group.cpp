@@ -79,7 +79,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::enqueue(c10d::OpType type, std
   const int64_t callerSpin =
       callerWaits ? (coresShared() ? config_.sharedCallerSpinMicros : config_.callerSpinMicros) : 0;
   queue_.submit(work, std::move(body), mayRunHere, [callerSpin](const std::function<void()>& run) {
-    SpinAtLeast spin(std::chrono::microseconds(callerSpin));
+    SpinAtLeast spin{std::chrono::microseconds(callerSpin)};
     run();
   });
   return work;
