@@ -30,7 +30,7 @@ def direct_handle(group=None) -> int:
     except (RuntimeError, ValueError) as exc:
         raise ValueError("hoccl.direct_handle: the group has no CPU backend; the direct "
                          "all_reduce needs a hoccl group") from exc
-    if not isinstance(backend, (_C.ProcessGroupHOCCL, _C.MultiHostGroup)):
+    if not isinstance(backend, _C.ProcessGroupHOCCL):
         raise ValueError(f"hoccl.direct_handle: the group's CPU backend is "
                          f"{type(backend).__name__}, not a single-host hoccl group nor one spanning "
                          "hosts; use dist.all_reduce on it")

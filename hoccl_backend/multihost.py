@@ -1,13 +1,13 @@
 """Creation of a hoccl group whose ranks sit on more than one host.
 
-The C++ MultiHostGroup runs every collective as one plan across hosts, executed by an ordinary
-hoccl group over this host's ranks (shared memory) with its network steps on torch's
-ProcessGroupGloo (all_gather of mid-size blocks on even hosts may still run as legs, see
-docs/multihost.md). The gloo groups cannot be built from C++ against the torch wheel (its gloo
-headers are not shipped), so they are built here and handed over; the C++ group owns them from
-then on.
-Every rank creates its groups in one canonical order (local, global, p2p, its rail): gloo's
-constructor connects its full mesh and blocks until every member has arrived.
+It is an ordinary ProcessGroupHOCCL whose shared memory spans this rank's host, joined to its
+hosts (span_hosts): every collective runs as one plan across hosts, steps inside a host on the
+shared memory, steps across hosts on torch's ProcessGroupGloo (all_gather of mid-size blocks on
+even hosts may still run as legs, see docs/multihost.md). The gloo groups cannot be built from
+C++ against the torch wheel (its gloo headers are not shipped), so they are built here and
+handed over; the C++ group owns them from then on. Every rank creates its groups in one
+canonical order (the hoccl group, global, p2p, its rail): gloo's constructor connects its full
+mesh and blocks until every member has arrived.
 """
 from __future__ import annotations
 
@@ -62,13 +62,12 @@ def create(store, rank: int, size: int, timeout: timedelta, names, host_of):
             f"'{address or 'unresolved'}' (the hostname resolves to loopback); set GLOO_SOCKET_IFNAME "
             "to the interface that reaches the other hosts", stacklevel=2)
 
-    local = _C.ProcessGroupHOCCL(dist.PrefixStore(f"hoccl/local/{host}", store), local_rank,
-                                 len(ranks_of[host]), timeout, hosts_world=size)
+    pg = _C.ProcessGroupHOCCL(store, rank, size, timeout, spans_hosts=True)
     gloo = dist.ProcessGroupGloo
     global_group = gloo(dist.PrefixStore("hoccl/gloo/global", store), rank, size, timeout)
     p2p = gloo(dist.PrefixStore("hoccl/gloo/p2p", store), rank, size, timeout)
     rail_members = [ranks_of[h][local_rank] for h in range(hosts) if len(ranks_of[h]) > local_rank]
     rail = gloo(dist.PrefixStore(f"hoccl/gloo/rail/{local_rank}", store), rail_members.index(rank),
                 len(rail_members), timeout)
-    return _C.MultiHostGroup(rank, size, timeout, list(names), list(host_of), local, rail,
-                             global_group, p2p, addresses)
+    pg.span_hosts(list(names), list(host_of), rail, global_group, p2p, addresses)
+    return pg

@@ -1,5 +1,5 @@
 """CUDA tensors in a hoccl group spanning hosts: 4 ranks on the one GPU, told apart as 2 hosts x 2
-ranks by HOCCL_HOSTNAME (so the group is a MultiHostGroup with shared-memory local legs and gloo
+ranks by HOCCL_HOSTNAME (so the group spans hosts: shared memory inside each, gloo
 rails over loopback). Every op equals the same op on CPU tensors in the same group, bit for bit;
 the caller's stream is ordered as on one host (an op sees a late kernel's writes, a kernel after
 wait() sees the result, get_future completes after the copies); mismatched tensors raise naming
@@ -34,11 +34,11 @@ def _init(rank, world):
 
     dist.init_process_group("hoccl", rank=rank, world_size=world)
     backend = dist.group.WORLD._get_backend(torch.device("cpu"))
-    assert isinstance(backend, _C.MultiHostGroup), type(backend)
+    assert isinstance(backend, _C.ProcessGroupHOCCL) and backend.spans_hosts(), type(backend)
 
 
 def _ops(rank, world, dev, dtype, n):
-    """Every op MultiHostGroup supports, on tensors on `dev`, all_to_all's forms aside (they need
+    """Every op a group spanning hosts supports, on tensors on `dev`, all_to_all's forms aside (they need
     other sizes and run in `_all_to_all`): name -> CPU results."""
     import torch.distributed as dist
 

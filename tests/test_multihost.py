@@ -28,6 +28,7 @@ def every_op_default_group(rank, world):
     counts = every_op(pg, rank, world)
     counts["algorithm"] = pg.last_algorithm()
     counts["hosts"] = pg.hosts()
+    counts["backend"] = (type(pg).__name__, pg.spans_hosts(), pg.last_core_sharing())
     counts["all_gather"] = all_gather_algorithms(pg, world)
     if os.environ.get("HOCCL_CHECK_ACROSS_HOSTS") != "0":  # auto needs the exchanged split matrix
         counts["auto_form"] = check_auto_form(pg, rank, world, pg.hosts())
@@ -124,6 +125,9 @@ def test_every_op_across_hosts(ranks, check, path):
         expected_hosts = [list(hosts.ranks_of(h)) for h in range(hosts.count)]
         for rank, counts in enumerate(results):
             assert counts["hosts"] == expected_hosts, f"rank {rank}: {counts['hosts']}"
+            # One backend class on every layout, with what the group on one host reports too.
+            assert counts["backend"][:2] == ("ProcessGroupHOCCL", True), counts["backend"]
+            assert counts["backend"][2] in ("none", "among_ranks", "with_other_work"), counts["backend"]
             assert counts["all_gather"] == expected_all_gather_algorithms(ranks, path), f"rank {rank}"
             fan_in = hosts.world - 1 if rank == hosts.world - 1 else 0
             assert counts["reductions"] > 100 and counts["send_recv"] == 2 * (hosts.world - 1) + 1 + fan_in

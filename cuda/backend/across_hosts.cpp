@@ -8,11 +8,9 @@
 namespace hoccl {
 
 void ProcessGroupHOCCL::joinHosts(HostsContext hosts) {
-  TORCH_CHECK(hosts.net && static_cast<int>(hosts.hostOf.size()) == hosts.world &&
-                  static_cast<int>(hosts.localIndex.size()) == hosts.world,
-              "hoccl: rank ", hosts.rank, ": an incomplete host context");
-  TORCH_CHECK(group_->blocksPerSide() >= static_cast<size_t>(hosts.world), "hoccl: rank ", hosts.rank,
-              ": the host's group was created for plans of ", group_->blocksPerSide(), " ranks, not ", hosts.world);
+  TORCH_CHECK(hosts.net, "hoccl: rank ", rank_, ": an incomplete host context");
+  TORCH_CHECK(group_->blocksPerSide() >= static_cast<size_t>(size_), "hoccl: rank ", rank_,
+              ": this group was not created to span hosts");
   hostsCtx_ = std::move(hosts);
 }
 
@@ -32,9 +30,9 @@ std::shared_ptr<const Plan> ProcessGroupHOCCL::hostPlanFor(const PlanRequest& re
 
 void ProcessGroupHOCCL::runAcrossHosts(Collective& c) {
   const HostsContext& hosts = *hostsCtx_;
-  c.req.rank = hosts.rank;
-  c.req.world = hosts.world;
-  c.req.hostOf = hosts.hostOf;
+  c.req.rank = rank_;
+  c.req.world = size_;
+  c.req.hostOf = hosts_.hostOf;
   c.req.leaderMaxBytes = hosts.leaderMaxBytes;
   c.req.netChunkBytes = hosts.netChunkBytes;
   c.req.netCosts = hosts.netCosts;
@@ -46,10 +44,10 @@ void ProcessGroupHOCCL::runAcrossHosts(Collective& c) {
   // ranks follow their view of the cores, which other hosts do not share, so plans across hosts
   // take the whole slot (the message sizes follow from it).
   c.req.slotBytes = static_cast<int64_t>(group_->slotBytes());
-  c.ctx.localIndex = &hosts.localIndex;
+  c.ctx.localIndex = &localIndex_;
   c.ctx.checkNet = [&](int) {
     if (group_->aborted())
-      throw std::runtime_error(std::string("hoccl ") + c.opName + " on rank " + std::to_string(hosts.rank) +
+      throw std::runtime_error(std::string("hoccl ") + c.opName + " on rank " + std::to_string(rank_) +
                                ": the group was aborted: " + group_->abortMessage());
   };
   c.ctx.validate = [&](uint32_t p) { validateDescriptors(c, p); };
@@ -69,14 +67,13 @@ void ProcessGroupHOCCL::runAcrossHosts(Collective& c) {
 // the host must plan alike: the ranks first trade their splits at a host barrier (as on one host;
 // the network waits for it). Either way no message round precedes the data.
 void ProcessGroupHOCCL::planFromOwnSplits(Collective& c) {
-  const HostsContext& hosts = *hostsCtx_;
-  const std::vector<int> globalOf = hosts.groupRanks();
-  std::vector<int64_t> send(size_), recv(size_);
+  const std::vector<int>& globalOf = groupRankOf_;
+  std::vector<int64_t> send(localSize_), recv(localSize_);
   int64_t sentInHost = 0;
-  for (int l = 0; l < size_; ++l) {
+  for (int l = 0; l < localSize_; ++l) {
     send[l] = c.sendBytes[globalOf[l]];
     recv[l] = c.recvBytes[globalOf[l]];
-    if (l != rank_) sentInHost += send[l];
+    if (l != localRank_) sentInHost += send[l];
   }
   const bool readsPeers = c.req.hostReadsPeers;
   promoteReusedBuffers(c, readsPeers && sentInHost >= c.req.crossMemoryMinBytes);
@@ -84,12 +81,12 @@ void ProcessGroupHOCCL::planFromOwnSplits(Collective& c) {
   group_->publishSplits(parity, send, recv);
   // The host's splits are checked in its shared table, for free; the cross-host blocks go
   // unchecked, as HOCCL_CHECK_ACROSS_HOSTS=0 says.
-  c.ctx.validate = [this, &c, globalOf](uint32_t p) {
+  c.ctx.validate = [this, &c](uint32_t p) {
     validateDescriptors(c, p);
-    validateSplits(c, p, &globalOf);
+    validateSplits(c, p);
   };
   c.req.allToAllForm = AllToAllHostsForm::Direct;
-  const int me = hosts.rank;
+  const int me = rank_;
   TransferPhase pairs;
   if (readsPeers) {
     pairs.push_back({me, me, c.sendBytes[me]});
@@ -102,19 +99,19 @@ void ProcessGroupHOCCL::planFromOwnSplits(Collective& c) {
     executor_->run(exchange, c.ctx);
     c.ctx.validate = nullptr;
     int64_t hostBytes = 0;
-    for (int s = 0; s < size_; ++s)
-      for (int d = 0; d < size_; ++d) {
+    for (int s = 0; s < localSize_; ++s)
+      for (int d = 0; d < localSize_; ++d) {
         const int64_t b = group_->splits(s, parity)[d];
         pairs.push_back({globalOf[s], globalOf[d], b});
         hostBytes += b;
       }
     // The staging rounds follow from these: the same on every rank of the host.
-    c.req.bytes = hostBytes / size_;
+    c.req.bytes = hostBytes / localSize_;
   }
   // This rank's row and column: every other rank's where it reads same-host peers in place, else
   // the other hosts' (its host's pairs are listed above).
-  for (int g = 0; g < hosts.world; ++g) {
-    if (g == me || (!readsPeers && hosts.localIndex[g] >= 0)) continue;
+  for (int g = 0; g < size_; ++g) {
+    if (g == me || (!readsPeers && localIndex_[g] >= 0)) continue;
     pairs.push_back({me, g, c.sendBytes[g]});
     pairs.push_back({g, me, c.recvBytes[g]});
   }
@@ -123,32 +120,27 @@ void ProcessGroupHOCCL::planFromOwnSplits(Collective& c) {
 
 void ProcessGroupHOCCL::runAcrossHosts(const HostsOp& op, int64_t netTag) {
   TORCH_CHECK(hostsCtx_, "hoccl ", op.opName, " on rank ", rank_, ": this group was not joined to its hosts");
-  // Which thread runs the plan. With cores of their own the caller's thread (no hand-off). While
-  // cores are shared (no spinning) this group's worker thread, with the caller asleep in wait():
-  // on the namespaced 2x2 hosts that ran every plan measured 1.2-2.2x faster (docs/multihost.md,
-  // "Which thread runs a plan across hosts"), and 4-18 % slower while spinning.
-  const bool onCallersThread = !coresShared();
-  auto work = enqueue(c10d::OpType::UNKNOWN, {}, [this, &op, netTag] {
-    Collective c{op.opName};
-    c.req.kind = op.kind;
-    c.req.root = op.root;
-    c.req.elemSize = op.elemSize;
-    c.req.bytes = op.bytes;
-    c.req.phases = op.phases;
-    c.req.allToAllForm = op.allToAllForm;
-    c.sendBytes = op.sendBytes;
-    c.recvBytes = op.recvBytes;
-    c.ctx.in = op.in;
-    c.ctx.out = op.out;
-    c.ctx.dtype = op.dtype;
-    c.ctx.op = op.op;
-    c.ctx.factor = op.factor;
-    c.ctx.desc.numel = op.numel;
-    c.ctx.net = hostsCtx_->net;
-    c.ctx.netTag = netTag;
-    runCollective(c);
-  }, INT64_MAX, onCallersThread);
-  work->wait();
+  // On the thread running the op from this group's queue (HostSpan::enqueue chose it). While the
+  // ranks spin, that thread waits as a caller about to block would: at least the caller's spin.
+  SpinAtLeast spin{std::chrono::microseconds(coresShared() ? 0 : config_.callerSpinMicros)};
+  Collective c{op.opName};
+  c.req.kind = op.kind;
+  c.req.root = op.root;
+  c.req.elemSize = op.elemSize;
+  c.req.bytes = op.bytes;
+  c.req.phases = op.phases;
+  c.req.allToAllForm = op.allToAllForm;
+  c.sendBytes = op.sendBytes;
+  c.recvBytes = op.recvBytes;
+  c.ctx.in = op.in;
+  c.ctx.out = op.out;
+  c.ctx.dtype = op.dtype;
+  c.ctx.op = op.op;
+  c.ctx.factor = op.factor;
+  c.ctx.desc.numel = op.numel;
+  c.ctx.net = hostsCtx_->net;
+  c.ctx.netTag = netTag;
+  runCollective(c);
 }
 
 void ProcessGroupHOCCL::allreduceAcrossHosts(const at::Tensor& t, RedOp op, double factor, int64_t netTag) {

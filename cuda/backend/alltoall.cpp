@@ -1,4 +1,5 @@
 #include "backend/collective.h"
+#include "backend/multihost/host_span.h"
 #include "backend/tensor_args.h"
 #include "varipath/scheduler.h"
 
@@ -29,7 +30,7 @@ void ProcessGroupHOCCL::setAllToAllScheduler(std::shared_ptr<const varipath::Sch
 }
 
 std::vector<TransferPhase> ProcessGroupHOCCL::scheduleAllToAll(const std::vector<int64_t>& m) {
-  const int W = size_;
+  const int W = localSize_;
   std::vector<TransferPhase> phases;
   TransferPhase self;
   for (int r = 0; r < W; ++r) self.push_back({r, r, m[r * W + r]});
@@ -79,7 +80,7 @@ std::shared_ptr<const Plan> ProcessGroupHOCCL::allToAllPlan(Collective& c, const
   int64_t total = 0;
   for (int64_t v : matrix) total += v;
   // Plan choices must agree on every rank: size them by the whole exchange, not by my part.
-  c.req.bytes = total / size_;
+  c.req.bytes = total / localSize_;
   c.req.slotBytes = stagingRoundBytes(c.req.kind, c.req.bytes);
   c.req.addressesPublished = published;
   const size_t keep = static_cast<size_t>(config_.alltoallPlanCache);
@@ -126,9 +127,9 @@ std::shared_ptr<const Plan> ProcessGroupHOCCL::allToAllPlan(Collective& c, const
 }
 
 bool ProcessGroupHOCCL::everySplitIs(uint32_t parity, int64_t bytes) const {
-  for (int r = 0; r < size_; ++r) {
+  for (int r = 0; r < localSize_; ++r) {
     const int64_t* s = group_->splits(r, parity);
-    for (int k = 0; k < 2 * size_; ++k)
+    for (int k = 0; k < 2 * localSize_; ++k)
       if (s[k] != bytes) return false;
   }
   return true;
@@ -158,7 +159,7 @@ void ProcessGroupHOCCL::runAllToAll(Collective& c) {
   uint32_t parity = executor_->nextBarrier() & 1;
   group_->publishSplits(parity, c.sendBytes, c.recvBytes);
   const int64_t block = evenBlockBytes(c.sendBytes, c.recvBytes);
-  const size_t cells = static_cast<size_t>(size_) * size_;
+  const size_t cells = static_cast<size_t>(localSize_) * localSize_;
   if (block >= 0) {
     c.ctx.validate = [&](uint32_t p) {
       validateDescriptors(c, p);
@@ -181,8 +182,8 @@ void ProcessGroupHOCCL::runAllToAll(Collective& c) {
   }
   c.ctx.validate = nullptr;
   std::vector<int64_t> matrix(cells);
-  for (int s = 0; s < size_; ++s)
-    for (int d = 0; d < size_; ++d) matrix[s * size_ + d] = group_->splits(s, parity)[d];
+  for (int s = 0; s < localSize_; ++s)
+    for (int d = 0; d < localSize_; ++d) matrix[s * localSize_ + d] = group_->splits(s, parity)[d];
   runPlan(c, allToAllPlan(c, matrix, true));
 }
 
@@ -205,6 +206,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::alltoall_base(at::Tensor& outp
                                                                 std::vector<int64_t>& outputSplits,
                                                                 std::vector<int64_t>& inputSplits,
                                                                 const c10d::AllToAllOptions& opts) {
+  if (span_) return span_->alltoall_base(output, userInput, outputSplits, inputSplits, opts);
   const char* op = "all_to_all_single";
   at::Tensor input = readableWhileWriting(userInput, {output});
   bool even = outputSplits.empty() && inputSplits.empty() && input.numel() == output.numel() &&
@@ -239,6 +241,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::alltoall_base(at::Tensor& outp
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::alltoall(std::vector<at::Tensor>& outputs,
                                                            std::vector<at::Tensor>& userInputs,
                                                            const c10d::AllToAllOptions& opts) {
+  if (span_) return span_->alltoall(outputs, userInputs, opts);
   const char* op = "all_to_all";
   std::vector<at::Tensor> inputs;
   for (const auto& t : userInputs) inputs.push_back(readableWhileWriting(t, outputs));

@@ -64,7 +64,7 @@ void* ProcessGroupHOCCL::ceGroup(c10::Device device) {
   if (!ce_) {
     auto opts = CeGroupOptions::fromEnv();
     opts.timeout = timeout_;
-    ce_ = std::make_shared<CeGroup>(store_, "hoccl/ce", rank_, size_, device.index(), opts,
+    ce_ = std::make_shared<CeGroup>(hostStore_, "hoccl/ce", localRank_, localSize_, device.index(), opts,
                                     PlanRule{buildPlan, readsPeersDirectly});
   }
   return ce_.get();
@@ -183,7 +183,7 @@ std::function<void(c10::Stream)> ProcessGroupHOCCL::ceAllToAll(at::Tensor out, a
     static_cast<CeGroup*>(ce_.get())->allToAll(reinterpret_cast<CUstream>(s.native_handle()),
                                                reinterpret_cast<CUdeviceptr>(out.data_ptr()),
                                                reinterpret_cast<CUdeviceptr>(in.data_ptr()),
-                                               static_cast<size_t>(in.numel() * in.element_size()) / size_);
+                                               static_cast<size_t>(in.numel() * in.element_size()) / localSize_);
   };
 }
 #else

@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "backend/collective.h"
+#include "backend/multihost/host_span.h"
 #include "backend/tensor_args.h"
 
 namespace hoccl {
@@ -43,15 +44,11 @@ c10d::ReduceOp reduceOpNamed(c10::string_view name) {
   return c10d::ReduceOp(it->second);
 }
 
-// A group spanning hosts runs its all_reduce and waits: its time is the network's, not c10d's.
 void allReduceOp(at::Tensor& tensor, int64_t group, c10::string_view op) {
   const c10::intrusive_ptr<c10d::Backend> pg = groupOf(group);
-  const c10d::ReduceOp reduceOp = reduceOpNamed(op);
-  if (auto* hoccl = dynamic_cast<ProcessGroupHOCCL*>(pg.get())) return hoccl->allreduceNow(tensor, reduceOp);
-  std::vector<at::Tensor> tensors{tensor};
-  c10d::AllreduceOptions opts;
-  opts.reduceOp = reduceOp;
-  pg->allreduce(tensors, opts)->wait();
+  auto* hoccl = dynamic_cast<ProcessGroupHOCCL*>(pg.get());
+  TORCH_CHECK(hoccl, "hoccl all_reduce_: handle ", group, " names no hoccl group");
+  hoccl->allreduceNow(tensor, reduceOpNamed(op));
 }
 
 // Under torch.compile's fake tensors the operator only mutates its argument in place.
@@ -70,6 +67,15 @@ int64_t directHandle(const c10::intrusive_ptr<c10d::Backend>& pg) {
 }
 
 void ProcessGroupHOCCL::allreduceNow(const at::Tensor& tensor, const c10d::ReduceOp& reduceOp) {
+  if (span_) {
+    // A group spanning hosts runs its all_reduce and waits: its time is the network's, not c10d's.
+    std::vector<at::Tensor> tensors{tensor};
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = reduceOp;
+    opts.asyncOp = false;
+    span_->allreduce(tensors, opts)->wait();
+    return;
+  }
   TORCH_CHECK(tensor.device().is_cpu() && tensor.layout() == at::kStrided, "hoccl all_reduce_ on rank ",
               rank_, ": the direct path takes dense CPU tensors (got ", tensor.device(), ", ",
               tensor.layout(), "); use dist.all_reduce for others");

@@ -1,10 +1,12 @@
 #include "backend/collective.h"
+#include "backend/multihost/host_span.h"
 #include "backend/tensor_args.h"
 
 namespace hoccl {
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::broadcast(std::vector<at::Tensor>& tensors,
                                                             const c10d::BroadcastOptions& opts) {
+  if (span_) return span_->broadcast(tensors, opts);
   TORCH_CHECK(tensors.size() == 1, "hoccl broadcast on rank ", rank_, ": expects one tensor");
   checkRoot(static_cast<int>(opts.rootRank), size_, "broadcast", rank_);
   if (auto w = tryCuda("broadcast", c10d::OpType::BROADCAST, tensors, tensors,
@@ -39,7 +41,7 @@ void ProcessGroupHOCCL::allgatherBlocks(const at::Tensor& input, const std::vect
   c.req.elemSize = input.element_size();
   c.req.bytes = nbytes(input);
   c.ctx.in = {ptr(input)};
-  c.ctx.out.assign(size_, nullptr);
+  c.ctx.out.assign(localSize_, nullptr);
   for (size_t r = 0; r < outputs.size(); ++r) c.ctx.out[r] = ptr(outputs[r]);
   c.ctx.dtype = input.scalar_type();
   c.ctx.desc.numel = input.numel();
@@ -49,6 +51,7 @@ void ProcessGroupHOCCL::allgatherBlocks(const at::Tensor& input, const std::vect
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                             std::vector<at::Tensor>& inputs,
                                                             const c10d::AllgatherOptions& opts) {
+  if (span_) return span_->allgather(outputs, inputs, opts);
   TORCH_CHECK(inputs.size() == 1 && outputs.size() == 1, "hoccl all_gather on rank ", rank_,
               ": expects one input and one output list");
   if (auto w = tryCuda("all_gather", c10d::OpType::ALLGATHER, inputs, outputs[0],
@@ -76,8 +79,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allgather(std::vector<std::vec
   }, nbytes(inputs[0]) * size_, !opts.asyncOp);
 }
 
+void ProcessGroupHOCCL::allgatherOnHost(const std::vector<at::Tensor>& outputs, const at::Tensor& input) {
+  std::vector<Staged> outs(outputs.begin(), outputs.end());
+  std::vector<at::Tensor> o;
+  for (auto& s : outs) o.push_back(s.work);
+  allgatherBlocks(input.contiguous(), o, OpKind::AllGather, 0);
+  for (auto& s : outs) s.writeBack();
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                   const c10d::AllgatherOptions& opts) {
+  if (span_) return span_->_allgather_base(output, input, opts);
   if (auto w = tryCuda("all_gather_into_tensor", c10d::OpType::_ALLGATHER_BASE, {input}, {output},
                        [&](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
                          at::Tensor o = ho[0], i = hi[0];
@@ -106,6 +118,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::_allgather_base(at::Tensor& ou
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allgather_into_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
+  if (span_) return span_->allgather_into_tensor_coalesced(outputs, inputs, opts);
   TORCH_CHECK(outputs.size() == inputs.size(), "hoccl allgather_into_tensor_coalesced on rank ", rank_,
               ": ", outputs.size(), " outputs for ", inputs.size(), " inputs");
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
@@ -116,6 +129,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allgather_into_tensor_coalesce
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& outputLists, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
+  if (span_) return span_->allgather_coalesced(outputLists, inputs, opts);
   // outputLists[r][i] receives rank r's inputs[i].
   TORCH_CHECK(static_cast<int>(outputLists.size()) == size_, "hoccl allgather_coalesced on rank ", rank_,
               ": ", outputLists.size(), " output lists for a group of ", size_, " ranks");
@@ -138,6 +152,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allgather_coalesced(
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                          std::vector<at::Tensor>& inputs,
                                                          const c10d::GatherOptions& opts) {
+  if (span_) return span_->gather(outputs, inputs, opts);
   int root = static_cast<int>(opts.rootRank);
   checkRoot(root, size_, "gather", rank_);
   TORCH_CHECK(inputs.size() == 1, "hoccl gather on rank ", rank_, ": expects one input tensor");
@@ -176,6 +191,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::gather(std::vector<std::vector
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::scatter(std::vector<at::Tensor>& outputs,
                                                           std::vector<std::vector<at::Tensor>>& inputs,
                                                           const c10d::ScatterOptions& opts) {
+  if (span_) return span_->scatter(outputs, inputs, opts);
   int root = static_cast<int>(opts.rootRank);
   checkRoot(root, size_, "scatter", rank_);
   TORCH_CHECK(outputs.size() == 1, "hoccl scatter on rank ", rank_, ": expects one output tensor");
@@ -208,7 +224,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::scatter(std::vector<at::Tensor
     c.req.root = root;
     c.req.elemSize = out.work.element_size();
     c.req.bytes = nbytes(out.work);
-    c.ctx.in.assign(size_, nullptr);
+    c.ctx.in.assign(localSize_, nullptr);
     for (size_t r = 0; r < ins.size(); ++r) c.ctx.in[r] = ptr(ins[r]);
     c.ctx.out = {ptr(out.work)};
     c.ctx.dtype = out.work.scalar_type();
@@ -218,7 +234,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::scatter(std::vector<at::Tensor
   }, INT64_MAX, !opts.asyncOp);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::barrier(const c10d::BarrierOptions&) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::barrier(const c10d::BarrierOptions& opts) {
+  if (span_) return span_->barrier(opts);
   return enqueue(c10d::OpType::BARRIER, {}, [this] {
     Collective c{"barrier"};
     c.req.kind = OpKind::Barrier;

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <sstream>
 
+#include "backend/multihost/host_span.h"
 #include "backend/process_group.h"
 
 namespace hoccl {
@@ -24,6 +25,7 @@ std::string joinRanks(const std::vector<int>& ranks) {
 }  // namespace
 
 void ProcessGroupHOCCL::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
+  if (span_) return span_->monitoredBarrier(opts, waitAllRanks);
   using Clock = std::chrono::steady_clock;
   using std::chrono::milliseconds;
   const milliseconds timeout = opts.timeout == c10d::kUnsetTimeout ? timeout_ : opts.timeout;

@@ -5,15 +5,18 @@
 #include <algorithm>
 #include <cstdio>
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
 #include "backend/config.h"
+#include "backend/multihost/host_span.h"
 #include "common/config.h"
 #include "transport/shm/futex_wait.h"
 
 namespace hoccl {
 
-// This group is the shared-memory one: it spans one host (a group across hosts is a
-// MultiHostGroup, which the Python creator builds over one of these per host). Say so before any
-// shared memory is touched: ranks on another host could not open this host's segment.
+// A group spans hosts only when the Python creator says so (it also builds the network groups
+// such a group needs). Say so before any shared memory is touched: ranks on another host could
+// not open this host's segment.
 static void checkSingleHost(const HostTable& hosts, int rank) {
   if (hosts.hosts() == 1) return;
   int other = hosts.ranksOf[hosts.hostOf[rank] == 0 ? 1 : 0][0];
@@ -23,7 +26,7 @@ static void checkSingleHost(const HostTable& hosts, int rank) {
 }
 
 ProcessGroupHOCCL::ProcessGroupHOCCL(const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                     int size, std::chrono::milliseconds timeout, int hostsWorld)
+                                     int size, std::chrono::milliseconds timeout, bool spansHosts)
     : c10d::Backend(rank, size),
       timeout_(timeout),
       store_(store),
@@ -34,10 +37,22 @@ ProcessGroupHOCCL::ProcessGroupHOCCL(const c10::intrusive_ptr<c10d::Store>& stor
   if (config_.debug >= 1 && rank == 0)
     std::fprintf(stderr, "[hoccl rank 0] group of %d ranks on %d host(s); configuration:\n%s", size,
                  hosts_.hosts(), config::describe().c_str());
-  checkSingleHost(hosts_, rank);
-  noteJobRanksOnHost(static_cast<int>(hosts_.ranksOf[hosts_.hostOf[rank]].size()));
-  config_.shm.blocksPerSide = hostsWorld;
-  group_ = std::make_unique<ShmGroup>(store, rank, size, config_.shm, timeout);
+  if (!spansHosts) checkSingleHost(hosts_, rank);
+  const int host = hosts_.hostOf[rank];
+  groupRankOf_ = hosts_.ranksOf[host];
+  localSize_ = static_cast<int>(groupRankOf_.size());
+  localIndex_.assign(size, -1);
+  for (int l = 0; l < static_cast<int>(groupRankOf_.size()); ++l) localIndex_[groupRankOf_[l]] = l;
+  localRank_ = localIndex_[rank];
+  noteJobRanksOnHost(localSize_);
+  hostStore_ = store;
+  if (hosts_.hosts() > 1) {
+    // Sized by the ranks that share the memory (rings, thresholds), as on a host of its own.
+    config_ = HocclConfig::forGroupCreation(rank, localSize_);
+    hostStore_ = c10::make_intrusive<c10d::PrefixStore>("hoccl/local/" + std::to_string(host), store);
+    config_.shm.blocksPerSide = size;  // plans across hosts name blocks of every rank
+  }
+  group_ = std::make_unique<ShmGroup>(hostStore_, localRank_, localSize_, config_.shm, timeout);
   executor_ = std::make_unique<Executor>(*group_);
   if (config_.debug >= 1) profile_ = std::make_unique<OpProfile>();
   queue_.start();
@@ -45,15 +60,35 @@ ProcessGroupHOCCL::ProcessGroupHOCCL(const c10::intrusive_ptr<c10d::Store>& stor
 
 ProcessGroupHOCCL::~ProcessGroupHOCCL() { shutdown(); }
 
+void ProcessGroupHOCCL::spanHosts(HostTable hosts, InterHostGroups groups, int64_t leaderMaxBytes,
+                                  bool checkAcrossHosts) {
+  TORCH_CHECK(group_->blocksPerSide() >= static_cast<size_t>(size_) && !span_, "hoccl process group creation on rank ",
+              rank_, ": spanHosts needs a group created with spansHosts, once");
+  span_ = std::make_unique<HostSpan>(*this, rank_, size_, timeout_, std::move(hosts), std::move(groups),
+                                     leaderMaxBytes, checkAcrossHosts);
+}
+
+NetCosts ProcessGroupHOCCL::netCosts() const {
+  TORCH_CHECK(span_, "hoccl: rank ", rank_, ": this group spans one host; nothing crosses a network");
+  return span_->netCosts();
+}
+
+void ProcessGroupHOCCL::setTimeout(std::chrono::milliseconds timeout) {
+  if (span_) return span_->setTimeout(timeout);  // sets this group's own, with its grace
+  timeout_ = timeout;
+}
+
 void ProcessGroupHOCCL::shutdown() {
   if (!queue_.stop()) return;
+  if (span_) span_->stopNetwork();
   if (profile_) std::fputs(profile_->report(rank_).c_str(), stderr);
   std::lock_guard<std::mutex> lock(p2pMutex_);
   p2p_.reset();
 }
 
 void ProcessGroupHOCCL::abort() {
-  abortWith("hoccl: rank " + std::to_string(rank_) + " called abort()");
+  if (span_) span_->abort();  // breaks this host's group too
+  else abortWith("hoccl: rank " + std::to_string(rank_) + " called abort()");
   shutdown();
 }
 
@@ -89,12 +124,15 @@ void ProcessGroupHOCCL::startCoalescing() { queue_.startCoalescing(); }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::endCoalescing() { return queue_.endCoalescing(); }
 
-std::string ProcessGroupHOCCL::lastAlgorithm() const {
+std::string ProcessGroupHOCCL::planAlgorithm() const {
   std::lock_guard<std::mutex> lock(lastAlgoMutex_);
   return lastAlgo_;
 }
 
+std::string ProcessGroupHOCCL::lastAlgorithm() const { return span_ ? span_->lastAlgorithm() : planAlgorithm(); }
+
 std::vector<TransferPhase> ProcessGroupHOCCL::lastAllToAllPhases() const {
+  if (span_) return span_->lastAllToAllPhases();
   std::lock_guard<std::mutex> lock(lastAlgoMutex_);
   return lastAllToAllPhases_ ? *lastAllToAllPhases_ : std::vector<TransferPhase>{};
 }

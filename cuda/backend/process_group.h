@@ -32,18 +32,21 @@ namespace hoccl {
 namespace varipath {
 class Scheduler;
 }
+class HostSpan;
+struct InterHostGroups;
 
 class ProcessGroupHOCCL : public c10d::Backend {
  public:
-  // hostsWorld: for the group of one host's ranks that runs plans of a group across hosts
-  // (joinHosts), that group's size: its plans name blocks of every rank of it.
+  // rank and size are the group's (c10d's, in arguments and messages); its shared memory spans
+  // the ranks on this rank's host, all of them unless spansHosts. A group spanning hosts runs its
+  // collectives as plans across hosts (joinHosts), which name blocks of every rank of it.
   ProcessGroupHOCCL(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                    std::chrono::milliseconds timeout, int hostsWorld = 0);
+                    std::chrono::milliseconds timeout, bool spansHosts = false);
   ~ProcessGroupHOCCL() override;
 
   const std::string getBackendName() const override { return "hoccl"; }
   bool supportsCoalescing() const override { return true; }
-  void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
+  void setTimeout(std::chrono::milliseconds timeout) override;
   void startCoalescing() override;
   c10::intrusive_ptr<c10d::Work> endCoalescing() override;
   void shutdown() override;
@@ -58,6 +61,14 @@ class ProcessGroupHOCCL : public c10d::Backend {
   // HOCCL_TOPOLOGY and HOCCL_VARIPATH_MODEL (set by the Python creator; null on the flat
   // topology, where every pair goes in one phase).
   void setAllToAllScheduler(std::shared_ptr<const varipath::Scheduler> scheduler);
+  // Makes this group, created with spansHosts, run its collectives across hosts: over the gloo
+  // groups the Python creator built (multihost.py), which it owns from then on. Once, before any op.
+  void spanHosts(HostTable hosts, InterHostGroups groups, int64_t leaderMaxBytes, bool checkAcrossHosts);
+  bool spansHosts() const { return span_ != nullptr; }
+  // What crossing hosts costs, as plans and all_to_all's form weigh it (a group spanning hosts).
+  NetCosts netCosts() const;
+  // Ranks of each host, hosts in order of their lowest rank.
+  const std::vector<std::vector<int>>& hostRanks() const { return hosts_.ranksOf; }
   std::string lastAlgorithm() const;
   // How this rank saw its cores at its latest op (core_sharing.h): tests and diagnostics.
   CoreSharing lastCoreSharing() const { return lastCoreSharing_.load(std::memory_order_relaxed); }
@@ -68,53 +79,6 @@ class ProcessGroupHOCCL : public c10d::Backend {
   // Synchronous in-place all_reduce of a dense CPU tensor, without a c10d Work for the caller
   // (torch.ops.hoccl.all_reduce_, direct_allreduce.cpp).
   void allreduceNow(const at::Tensor& tensor, const c10d::ReduceOp& reduceOp);
-
-  // A group whose ranks sit on several hosts owns one of these per host (over the host's ranks)
-  // and runs collectives of the whole group through it as single plans across hosts
-  // (across_hosts.cpp): steps inside the host on this group's shared memory, steps across hosts
-  // on `net`. Set once, before the first such op.
-  struct HostsContext {
-    int rank = 0, world = 1;       // in the whole group
-    std::vector<int> hostOf;       // per rank of the whole group
-    std::vector<int> localIndex;   // per rank of the whole group: its rank here, -1 on other hosts
-    NetTransport* net = nullptr;
-    int64_t leaderMaxBytes = 0;
-    int64_t netChunkBytes = 0;
-    NetCosts netCosts;             // what crossing hosts costs (measured when the group was created)
-    // send/recv between this host's ranks: the whole group's timeout, not the longer one this
-    // group's collectives wait (a host leg may wait for a peer's inter-host failure).
-    std::chrono::milliseconds pointToPointTimeout{0};
-    // Per rank of this host's group: its rank in the whole group (localIndex inverted).
-    std::vector<int> groupRanks() const {
-      std::vector<int> of(std::count_if(localIndex.begin(), localIndex.end(), [](int l) { return l >= 0; }));
-      for (int g = 0; g < world; ++g)
-        if (localIndex[g] >= 0) of[localIndex[g]] = g;
-      return of;
-    }
-  };
-  void joinHosts(HostsContext hosts);
-  // One collective of the whole group, synchronously on the caller's thread, over raw blocks the
-  // caller keeps alive (laid out as the single-host entry points lay them out); `netTag` must be
-  // the same on every rank of the whole group and unique among its ops in flight.
-  struct HostsOp {
-    const char* opName;
-    OpKind kind;
-    int root = 0;
-    std::vector<char*> in, out;
-    int64_t bytes = 0;     // PlanRequest::bytes
-    int64_t elemSize = 1;
-    int64_t numel = 0;     // what the host's ranks check they agree on
-    c10::ScalarType dtype = c10::ScalarType::Byte;
-    RedOp op = RedOp::Sum;
-    double factor = 1.0;
-    std::vector<TransferPhase> phases;  // all_to_all: every pair's bytes
-    // all_to_all without the whole matrix (phases empty): this rank's send and receive bytes per
-    // rank of the whole group; the host's ranks trade theirs through shared memory.
-    std::vector<int64_t> sendBytes, recvBytes;
-    AllToAllHostsForm allToAllForm = AllToAllHostsForm::Auto;
-  };
-  void runAcrossHosts(const HostsOp& op, int64_t netTag);
-  void allreduceAcrossHosts(const at::Tensor& tensor, RedOp op, double factor, int64_t netTag);
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
@@ -159,17 +123,50 @@ class ProcessGroupHOCCL : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
-  // A recv from any of this host's ranks that competes with the network's for one message (a
-  // group spanning hosts, common/any_source_claim.h). Its work completes only if this host's
-  // shared memory takes the claim.
-  c10::intrusive_ptr<c10d::Work> recvAnysourceClaimed(std::vector<at::Tensor>& tensors, int tag,
-                                                      std::shared_ptr<AnySourceClaim> claim);
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
   // Synchronous, on the caller's thread, over the store (monitored_barrier.cpp).
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) override;
 
  private:
+  friend class HostSpan;  // runs this group's plans, queue and host transfers for its ops
   struct Collective;  // one validated, ready-to-run collective
+
+  // What a group spanning hosts runs its collectives across hosts with, as single plans
+  // (across_hosts.cpp): steps inside the host on this group's shared memory, steps across hosts
+  // on `net`. Set once, before the first such op.
+  struct HostsContext {
+    NetTransport* net = nullptr;
+    int64_t leaderMaxBytes = 0;
+    int64_t netChunkBytes = 0;
+    NetCosts netCosts;             // what crossing hosts costs (measured when the group was created)
+    // send/recv between this host's ranks: the whole group's timeout, not the longer one this
+    // group's collectives wait (a host leg may wait for a peer's inter-host failure).
+    std::chrono::milliseconds pointToPointTimeout{0};
+  };
+  void joinHosts(HostsContext hosts);
+  // One collective of the whole group, on the calling thread (an op of this group's queue), over
+  // raw blocks the caller keeps alive (laid out as the single-host entry points lay them out);
+  // `netTag` must be the same on every rank of the group and unique among its ops in flight.
+  struct HostsOp {
+    const char* opName;
+    OpKind kind;
+    int root = 0;
+    std::vector<char*> in, out;
+    int64_t bytes = 0;     // PlanRequest::bytes
+    int64_t elemSize = 1;
+    int64_t numel = 0;     // what the host's ranks check they agree on
+    c10::ScalarType dtype = c10::ScalarType::Byte;
+    RedOp op = RedOp::Sum;
+    double factor = 1.0;
+    std::vector<TransferPhase> phases;  // all_to_all: every pair's bytes
+    // all_to_all without the whole matrix (phases empty): this rank's send and receive bytes per
+    // rank of the whole group; the host's ranks trade theirs through shared memory.
+    std::vector<int64_t> sendBytes, recvBytes;
+    AllToAllHostsForm allToAllForm = AllToAllHostsForm::Auto;
+  };
+  void runAcrossHosts(const HostsOp& op, int64_t netTag);
+  void allreduceAcrossHosts(const at::Tensor& tensor, RedOp op, double factor, int64_t netTag);
+
   using Body = std::function<void()>;
 
   // Queues body for the worker, or runs it on the caller's thread when nothing is queued and the
@@ -188,7 +185,7 @@ class ProcessGroupHOCCL : public c10d::Backend {
   bool anyRankSawSharedCores(uint32_t parity) const;
   // Decides this op's view of the cores and publishes it in its descriptor (core_sharing.h).
   void noteCoreSharing(Collective& c);
-  void validateSplits(const Collective& c, uint32_t parity, const std::vector<int>* groupRank = nullptr) const;
+  void validateSplits(const Collective& c, uint32_t parity) const;
   std::vector<TransferPhase> scheduleAllToAll(const std::vector<int64_t>& matrix);
   std::vector<TransferPhase> varipathPhases(const std::vector<int64_t>& matrix);
 
@@ -247,8 +244,15 @@ class ProcessGroupHOCCL : public c10d::Backend {
   c10::intrusive_ptr<c10d::Store> store_;
   std::optional<c10::Stream> comm_;
   std::shared_ptr<void> ce_;  // CeGroup (type-erased: cuda-ce headers stay out of this header)
-  HocclConfig config_;
   HostTable hosts_;
+  // This rank and the ranks sharing its memory (group_'s): every rank of the group unless it
+  // spans hosts. groupRankOf_: per rank of group_, its rank in this group (errors name those).
+  int localRank_ = 0, localSize_ = 1;
+  std::vector<int> groupRankOf_;
+  std::vector<int> localIndex_;  // per rank of this group: its rank in group_, -1 on other hosts
+  int localIndexOf(int rank) const { return localIndex_[rank]; }
+  c10::intrusive_ptr<c10d::Store> hostStore_;  // the keys of this host's shared memory
+  HocclConfig config_;
   std::unique_ptr<ShmGroup> group_;
   std::unique_ptr<Executor> executor_;
   HugePagePromoter hugePages_;  // after config_: built from it
@@ -296,6 +300,13 @@ class ProcessGroupHOCCL : public c10d::Backend {
   // all_to_all from own splits: the request's pairs from this rank's splits (and its host's).
   void planFromOwnSplits(Collective& c);
   std::shared_ptr<const std::vector<TransferPhase>> lastAllToAllPhases_;  // guarded by lastAlgoMutex_
+  // The algorithm of the last plan this group ran (lastAlgorithm() names a spanning group's ops).
+  std::string planAlgorithm() const;
+  // all_gather among this host's ranks only, `outputs` in their order (a leg of an all_gather
+  // across hosts), on the calling thread; no argument checks: the caller built the tensors.
+  void allgatherOnHost(const std::vector<at::Tensor>& outputs, const at::Tensor& input);
+  // Last: its network stops after this group's queue (shutdown) and goes before the rest.
+  std::unique_ptr<HostSpan> span_;
 };
 
 }  // namespace hoccl

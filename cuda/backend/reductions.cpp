@@ -1,4 +1,5 @@
 #include "backend/collective.h"
+#include "backend/multihost/host_span.h"
 #include "backend/sparse_allreduce.h"
 #include "backend/tensor_args.h"
 
@@ -21,6 +22,7 @@ void ProcessGroupHOCCL::allreduceTensor(const at::Tensor& t, RedOp op, double fa
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allreduce(std::vector<at::Tensor>& tensors,
                                                             const c10d::AllreduceOptions& opts) {
+  if (span_) return span_->allreduce(tensors, opts);
   TORCH_CHECK(tensors.size() == 1, "hoccl all_reduce on rank ", rank_, ": expects one tensor, got ", tensors.size());
   double factor;
   RedOp op = toRedOp(opts.reduceOp, &factor, "all_reduce");
@@ -52,6 +54,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allreduceSparse(std::vector<at
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  if (span_) return span_->allreduce_coalesced(tensors, opts);
   if (anyCuda(tensors)) {
     std::vector<c10::intrusive_ptr<c10d::Work>> works;
     for (auto& t : tensors) {
@@ -78,6 +81,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allreduce_coalesced(
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::reduce(std::vector<at::Tensor>& tensors,
                                                          const c10d::ReduceOptions& opts) {
+  if (span_) return span_->reduce(tensors, opts);
   TORCH_CHECK(tensors.size() == 1, "hoccl reduce on rank ", rank_, ": expects one tensor");
   if (auto w = tryCuda("reduce", c10d::OpType::REDUCE, tensors, tensors,
                        [&](const std::vector<at::Tensor>&, const std::vector<at::Tensor>& ho) {
@@ -128,6 +132,7 @@ void ProcessGroupHOCCL::reduceScatterBlocks(const std::vector<at::Tensor>& input
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                                  std::vector<std::vector<at::Tensor>>& inputs,
                                                                  const c10d::ReduceScatterOptions& opts) {
+  if (span_) return span_->reduce_scatter(outputs, inputs, opts);
   TORCH_CHECK(outputs.size() == 1 && inputs.size() == 1, "hoccl reduce_scatter on rank ", rank_,
               ": expects one output and one input list");
   if (auto w = tryCuda("reduce_scatter", c10d::OpType::REDUCE_SCATTER, inputs[0], outputs,
@@ -158,6 +163,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::reduce_scatter(std::vector<at:
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                        const c10d::ReduceScatterOptions& opts) {
+  if (span_) return span_->_reduce_scatter_base(output, input, opts);
   if (auto w = tryCuda("reduce_scatter_tensor", c10d::OpType::_REDUCE_SCATTER_BASE, {input}, {output},
                        [&](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
                          at::Tensor o = ho[0], i = hi[0];
@@ -186,6 +192,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::_reduce_scatter_base(at::Tenso
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
+  if (span_) return span_->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
   TORCH_CHECK(outputs.size() == inputs.size(), "hoccl reduce_scatter_tensor_coalesced on rank ", rank_, ": ",
               outputs.size(), " outputs for ", inputs.size(), " inputs");
   std::vector<c10::intrusive_ptr<c10d::Work>> works;

@@ -15,7 +15,7 @@ void ProcessGroupHOCCL::checkWait(const Collective& c, int peer) {
     throw std::runtime_error(prefix + "the group was aborted: " + group_->abortMessage());
   if (std::chrono::steady_clock::now() > c.deadline) {
     std::string msg = prefix + "Timed out after " + std::to_string(timeout_.count()) +
-                      " ms waiting for rank " + std::to_string(peer) + " to reach collective #" +
+                      " ms waiting for rank " + std::to_string(groupRankOf_[peer]) + " to reach collective #" +
                       std::to_string(c.ctx.desc.opSeq);
     group_->abort(msg);
     throw std::runtime_error(msg);
@@ -29,7 +29,7 @@ void ProcessGroupHOCCL::checkWait(const Collective& c, int peer) {
 }
 
 bool ProcessGroupHOCCL::anyRankSawSharedCores(uint32_t parity) const {
-  for (int r = 0; r < size_; ++r)
+  for (int r = 0; r < localSize_; ++r)
     if (group_->control(r).desc[parity].coresShared) return true;
   return false;
 }
@@ -57,18 +57,19 @@ void ProcessGroupHOCCL::noteCoreSharing(Collective& c) {
 
 void ProcessGroupHOCCL::validateDescriptors(const Collective& c, uint32_t parity) {
   groupCoresShared_ = anyRankSawSharedCores(parity);
-  groupOtherWork_ = anyRankSawOtherWork(*group_, size_, parity);
+  groupOtherWork_ = anyRankSawOtherWork(*group_, localSize_, parity);
   const OpDesc& mine = c.ctx.desc;
   bool agree = true;  // the common case, checked without building any message
-  for (int r = 0; r < size_ && agree; ++r) {
+  for (int r = 0; r < localSize_ && agree; ++r) {
     const OpDesc d = group_->control(r).desc[parity];
     agree = d.kind == mine.kind && d.dtype == mine.dtype && d.numel == mine.numel && d.root == mine.root &&
             d.redop == mine.redop && d.opSeq == mine.opSeq;
   }
   if (agree) return;
   std::ostringstream err;
-  for (int r = 0; r < size_; ++r) {
-    const OpDesc d = group_->control(r).desc[parity];
+  for (int l = 0; l < localSize_; ++l) {
+    const OpDesc d = group_->control(l).desc[parity];
+    const int r = groupRankOf_[l];
     if (d.kind != mine.kind)
       err << "; rank " << r << " called " << opKindName(static_cast<OpKind>(d.kind));
     else if (d.dtype != mine.dtype)
@@ -93,19 +94,19 @@ void ProcessGroupHOCCL::validateDescriptors(const Collective& c, uint32_t parity
                                 opKindName(static_cast<OpKind>(mine.kind)) + ")" + e);
 }
 
-// `groupRank` names the table's ranks in the error: identity on one host, the ranks of the
-// whole group for the host's table of a group across hosts.
-void ProcessGroupHOCCL::validateSplits(const Collective& c, uint32_t parity, const std::vector<int>* groupRank) const {
+// The host's split table; the error names the group's ranks.
+void ProcessGroupHOCCL::validateSplits(const Collective& c, uint32_t parity) const {
   bool agree = true;  // the common case, checked without building any message
-  for (int s = 0; s < size_ && agree; ++s)
-    for (int d = 0; d < size_ && agree; ++d) agree = group_->splits(s, parity)[d] == group_->splits(d, parity)[size_ + s];
+  for (int s = 0; s < localSize_ && agree; ++s)
+    for (int d = 0; d < localSize_ && agree; ++d)
+      agree = group_->splits(s, parity)[d] == group_->splits(d, parity)[localSize_ + s];
   if (agree) return;
-  auto name = [&](int r) { return groupRank ? (*groupRank)[r] : r; };
+  auto name = [&](int r) { return groupRankOf_[r]; };
   std::ostringstream err;
-  for (int s = 0; s < size_; ++s)
-    for (int d = 0; d < size_; ++d) {
+  for (int s = 0; s < localSize_; ++s)
+    for (int d = 0; d < localSize_; ++d) {
       int64_t sent = group_->splits(s, parity)[d];
-      int64_t expected = group_->splits(d, parity)[size_ + s];
+      int64_t expected = group_->splits(d, parity)[localSize_ + s];
       if (sent != expected)
         err << "; rank " << name(s) << " sends " << sent << " bytes to rank " << name(d) << " but rank " << name(d)
             << " expects " << expected << " bytes from rank " << name(s);
@@ -147,7 +148,7 @@ std::shared_ptr<const Plan> ProcessGroupHOCCL::planFor(const PlanRequest& req) {
 }
 
 bool ProcessGroupHOCCL::everyRankShared(uint32_t parity, int64_t bytes) const {
-  for (int r = 0; r < size_; ++r) {
+  for (int r = 0; r < localSize_; ++r) {
     const SharedRegionRef& ref = group_->blockRegions(r, parity)[0];
     if (!ref.covers(group_->blockAddresses(r, parity)[0], static_cast<uint64_t>(bytes))) return false;
   }
@@ -193,8 +194,9 @@ int64_t outputBytes(const PlanRequest& req, const std::vector<int64_t>& recvByte
 void ProcessGroupHOCCL::runCollective(Collective& c) {
   c.start = std::chrono::steady_clock::now();
   c.deadline = c.start + timeout_;
-  c.req.rank = rank_;
-  c.req.world = size_;
+  // A plan on one host's shared memory names its ranks there (a plan across hosts: runAcrossHosts).
+  c.req.rank = localRank_;
+  c.req.world = localSize_;
   noteCoreSharing(c);
   c.req.slotBytes = stagingRoundBytes(c.req.kind, c.req.bytes);  // all_to_all: set again from the agreed size
   c.req.oneShotMaxBytes = config_.oneShotMaxBytes;

@@ -119,7 +119,7 @@ void sparseAllreduce(const at::Tensor& tensor, RedOp op, int rank, int world, co
 }
 
 void ProcessGroupHOCCL::runSparseAllreduce(at::Tensor tensor, RedOp op) {
-  sparseAllreduce(tensor, op, rank_, size_, [this](const at::Tensor& block, const std::vector<at::Tensor>& outs) {
+  sparseAllreduce(tensor, op, localRank_, localSize_, [this](const at::Tensor& block, const std::vector<at::Tensor>& outs) {
     allgatherBlocks(block, outs, OpKind::AllGather, 0);
   });
 }

@@ -15,7 +15,7 @@
 #include "backend/core_sharing.h"
 #include "backend/thread_scan.h"
 #include "backend/host_table.h"
-#include "backend/multihost/multihost_group.h"
+#include "backend/multihost/host_span.h"
 #include "varipath/scheduler.h"
 
 namespace py = pybind11;
@@ -39,10 +39,10 @@ PYBIND11_MODULE(_C, m) {
   py::class_<hoccl::ProcessGroupHOCCL, c10d::Backend, c10::intrusive_ptr<hoccl::ProcessGroupHOCCL>>(
       m, "ProcessGroupHOCCL")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                       std::chrono::milliseconds timeout, int hostsWorld) {
-             return c10::make_intrusive<hoccl::ProcessGroupHOCCL>(store, rank, size, timeout, hostsWorld);
+                       std::chrono::milliseconds timeout, bool spansHosts) {
+             return c10::make_intrusive<hoccl::ProcessGroupHOCCL>(store, rank, size, timeout, spansHosts);
            }),
-           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("hosts_world") = 0,
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("spans_hosts") = false,
            py::call_guard<py::gil_scoped_release>())
       .def(
           "set_alltoall_scheduler",
@@ -59,7 +59,32 @@ PYBIND11_MODULE(_C, m) {
       .def("alltoall_plan_counts", &hoccl::ProcessGroupHOCCL::allToAllPlanCounts,
            "(split matrices planned by VarioPath, served from the plan cache) on this rank")
       .def("direct_handle", [](const c10::intrusive_ptr<hoccl::ProcessGroupHOCCL>& pg) { return hoccl::directHandle(pg); },
-           "the int that names this group in torch.ops.hoccl.all_reduce_(tensor, group, op)");
+           "the int that names this group in torch.ops.hoccl.all_reduce_(tensor, group, op)")
+      .def(
+          "span_hosts",
+          [](hoccl::ProcessGroupHOCCL& pg, std::vector<std::string> names, std::vector<int> hostOf,
+             c10::intrusive_ptr<c10d::Backend> rail, c10::intrusive_ptr<c10d::Backend> global,
+             c10::intrusive_ptr<c10d::Backend> p2p, std::vector<std::string> addressOf) {
+            std::vector<std::string> identities;
+            for (int h : hostOf) identities.push_back(names.at(h));
+            hoccl::InterHostGroups groups{std::move(rail), std::move(global), std::move(p2p), std::move(addressOf)};
+            pg.spanHosts(hoccl::HostTable::fromIdentities(identities), std::move(groups),
+                         hoccl::config::bytes("HOCCL_LEADER_MAX_BYTES"),
+                         hoccl::config::text("HOCCL_CHECK_ACROSS_HOSTS") == "1");
+          },
+          py::arg("host_names"), py::arg("host_of"), py::arg("rail"), py::arg("global_group"), py::arg("p2p"),
+          py::arg("address_of"), py::call_guard<py::gil_scoped_release>(),
+          "collectives across hosts from now on, over these gloo groups (a group created with spans_hosts)")
+      .def("spans_hosts", &hoccl::ProcessGroupHOCCL::spansHosts)
+      .def(
+          "net_costs",
+          [](const hoccl::ProcessGroupHOCCL& g) {
+            const hoccl::NetCosts c = g.netCosts();
+            return py::dict(py::arg("message_s") = c.messageSec, py::arg("link_bytes_per_s") = c.linkBytesPerSec,
+                            py::arg("copy_bytes_per_s") = c.copyBytesPerSec);
+          },
+          "what crossing hosts costs, as plans and all_to_all's form weigh it: the same on every rank")
+      .def("hosts", &hoccl::ProcessGroupHOCCL::hostRanks, "ranks of each host, hosts in order of their lowest rank");
 
   m.def(
       "host_table",
@@ -71,43 +96,6 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::call_guard<py::gil_scoped_release>(),
       "(host identities in order of their lowest rank, host index of each rank): collective over the store");
-  py::class_<hoccl::MultiHostGroup, c10d::Backend, c10::intrusive_ptr<hoccl::MultiHostGroup>>(m, "MultiHostGroup")
-      .def(py::init([](int rank, int size, std::chrono::milliseconds timeout, std::vector<std::string> names,
-                       std::vector<int> hostOf, c10::intrusive_ptr<hoccl::ProcessGroupHOCCL> local,
-                       c10::intrusive_ptr<c10d::Backend> rail, c10::intrusive_ptr<c10d::Backend> global,
-                       c10::intrusive_ptr<c10d::Backend> p2p, std::vector<std::string> addressOf) {
-             std::vector<std::string> identities;
-             for (int h : hostOf) identities.push_back(names.at(h));
-             hoccl::InterHostGroups groups{std::move(local), std::move(rail), std::move(global), std::move(p2p),
-                                           std::move(addressOf)};
-             return c10::make_intrusive<hoccl::MultiHostGroup>(rank, size, timeout,
-                                                               hoccl::HostTable::fromIdentities(identities),
-                                                               std::move(groups),
-                                                               hoccl::config::bytes("HOCCL_LEADER_MAX_BYTES"),
-                                                               hoccl::config::text("HOCCL_CHECK_ACROSS_HOSTS") == "1");
-           }),
-           py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("host_names"), py::arg("host_of"),
-           py::arg("local"), py::arg("rail"), py::arg("global_group"), py::arg("p2p"), py::arg("address_of"),
-           py::call_guard<py::gil_scoped_release>())
-      .def("last_algorithm", &hoccl::MultiHostGroup::lastAlgorithm)
-      .def(
-          "last_alltoall_phases",
-          [](const hoccl::MultiHostGroup& g) { return phasesForPython(g.lastAllToAllPhases()); },
-          "[[(src, dst, bytes), ...], ...]: the phases of the last all_to_all's form across hosts (own blocks, "
-          "then direct: every other pair; rail: the host legs, then one message per relay and destination)")
-      .def(
-          "net_costs",
-          [](const hoccl::MultiHostGroup& g) {
-            const hoccl::NetCosts& c = g.netCosts();
-            return py::dict(py::arg("message_s") = c.messageSec, py::arg("link_bytes_per_s") = c.linkBytesPerSec,
-                            py::arg("copy_bytes_per_s") = c.copyBytesPerSec);
-          },
-          "what crossing hosts costs, as plans and all_to_all's form weigh it: the same on every rank")
-      .def("direct_handle", [](const c10::intrusive_ptr<hoccl::MultiHostGroup>& pg) { return hoccl::directHandle(pg); },
-           "the int that names this group in torch.ops.hoccl.all_reduce_(tensor, group, op)")
-      .def("hosts", [](const hoccl::MultiHostGroup& g) { return g.layout().table.ranksOf; },
-           "ranks of each host, hosts in order of their lowest rank");
-
   m.def(
       "describe_plan",
       [](const std::string& kind, int rank, int world, int64_t bytes, int64_t elemSize, int64_t slotBytes,

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <sstream>
 
-#include "backend/multihost/multihost_group.h"
+#include "backend/multihost/host_span.h"
 
 namespace hoccl {
 
@@ -28,18 +28,18 @@ std::vector<int64_t> fields(const OpSignature& s) { return {s.kind, s.dtype, s.c
 
 }  // namespace
 
-void MultiHostGroup::mismatchAcrossHosts(const char* op, const std::string& what) {
+void HostSpan::mismatchAcrossHosts(const char* op, const std::string& what) {
   std::string msg = "hoccl " + std::string(op) + " on rank " + std::to_string(rank_) + " (" +
                     layout_.describeHost(host_) + "): the ranks disagree across hosts: " + what;
   {
     std::lock_guard<std::mutex> lock(stateMutex_);
     if (broken_.empty()) broken_ = msg;
   }
-  groups_.local->abortWith(msg);
+  pg_.abortWith(msg);
   TORCH_CHECK_VALUE(false, msg);
 }
 
-void MultiHostGroup::agreeOnRail(const char* op, const OpSignature& mine) {
+void HostSpan::agreeOnRail(const char* op, const OpSignature& mine) {
   const int members = static_cast<int>(myRail_.size());
   if (members == 1 || !checkAcrossHosts_) return;
   const std::vector<int64_t> own = fields(mine);
@@ -63,7 +63,7 @@ void MultiHostGroup::agreeOnRail(const char* op, const OpSignature& mine) {
 // mismatch can never make gloo receive more than was posted. One message each way per rail peer,
 // all posted at once: a gloo all_gather on the rail group cost a round through gloo's worker
 // thread on both sides (2x2 hosts: 1.0 ms of a 1.6 ms 4 KB broadcast).
-void MultiHostGroup::exchangeOnRail(const char* op, const void* mine, void* all, int64_t bytes) {
+void HostSpan::exchangeOnRail(const char* op, const void* mine, void* all, int64_t bytes) {
   std::vector<NetTransport::Handle> posted;
   try {
     for (size_t m = 0; m < myRail_.size(); ++m) {
@@ -89,7 +89,7 @@ void MultiHostGroup::exchangeOnRail(const char* op, const void* mine, void* all,
 
 // Every pair, same-host pairs too: the plan moves those in the same run, so no host leg of its
 // own would report them.
-void MultiHostGroup::checkSplits(const char* op, const SplitMatrix& m) {
+void HostSpan::checkSplits(const char* op, const SplitMatrix& m) {
   for (int from = 0; from < size_; ++from)
     for (int to = 0; to < size_; ++to) {
       if (m.at(from, to) == m.expectedAt(to, from)) continue;

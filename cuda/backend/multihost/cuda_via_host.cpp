@@ -9,7 +9,7 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include "backend/cuda_staging.h"
-#include "backend/multihost/multihost_group.h"
+#include "backend/multihost/host_span.h"
 
 namespace hoccl {
 
@@ -17,14 +17,14 @@ namespace {
 
 // The group whose enqueue() is capturing on this thread, and where the bodies go.
 struct Capture {
-  const MultiHostGroup* group = nullptr;
+  const HostSpan* group = nullptr;
   std::vector<std::function<void()>>* bodies = nullptr;
 };
 thread_local Capture capture;
 
 class CaptureScope {
  public:
-  CaptureScope(const MultiHostGroup* group, std::vector<std::function<void()>>* bodies) : saved_(capture) {
+  CaptureScope(const HostSpan* group, std::vector<std::function<void()>>* bodies) : saved_(capture) {
     capture = {group, bodies};
   }
   ~CaptureScope() { capture = saved_; }
@@ -75,7 +75,7 @@ class CudaRecvWork : public c10d::Work {
 
 }  // namespace
 
-bool MultiHostGroup::captured(Body& body) {
+bool HostSpan::captured(Body& body) {
   if (capture.group != this) return false;
   capture.bodies->push_back(std::move(body));
   return true;
@@ -84,7 +84,7 @@ bool MultiHostGroup::captured(Body& body) {
 // Runs the CPU op over the host mirrors with enqueue() capturing: its checks raise here, its
 // bodies (one per enqueue; the coalesced ops have several) are returned, not queued.
 template <typename Call>
-static std::vector<std::function<void()>> runCaptured(const MultiHostGroup* group, const Call& call,
+static std::vector<std::function<void()>> runCaptured(const HostSpan* group, const Call& call,
                                                       const std::vector<at::Tensor>& ins,
                                                       const std::vector<at::Tensor>& outs) {
   std::vector<std::function<void()>> bodies;
@@ -93,7 +93,7 @@ static std::vector<std::function<void()>> runCaptured(const MultiHostGroup* grou
   return bodies;
 }
 
-std::optional<c10::intrusive_ptr<c10d::Work>> MultiHostGroup::viaHost(const char* op, c10d::OpType type,
+std::optional<c10::intrusive_ptr<c10d::Work>> HostSpan::viaHost(const char* op, c10d::OpType type,
                                                                       const std::vector<at::Tensor>& inputs,
                                                                       const std::vector<at::Tensor>& outputs,
                                                                       HostCall call) {
@@ -127,7 +127,7 @@ std::optional<c10::intrusive_ptr<c10d::Work>> MultiHostGroup::viaHost(const char
   return work;
 }
 
-std::optional<c10::intrusive_ptr<c10d::Work>> MultiHostGroup::p2pViaHost(bool isSend, const at::Tensor& t, int peer,
+std::optional<c10::intrusive_ptr<c10d::Work>> HostSpan::p2pViaHost(bool isSend, const at::Tensor& t, int peer,
                                                                          int tag) {
   if (!t.defined() || !t.is_cuda()) return std::nullopt;
   c10::Stream comm = staging::commStreamOn(comm_, t.device(), rank_);

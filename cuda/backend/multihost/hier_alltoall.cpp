@@ -3,7 +3,7 @@
 // gathered split matrix (planned.cpp); without the check, the direct form from each rank's own
 // splits (ProcessGroupHOCCL::planFromOwnSplits).
 #include "backend/multihost/legs.h"
-#include "backend/multihost/multihost_group.h"
+#include "backend/multihost/host_span.h"
 #include "backend/tensor_args.h"
 
 namespace hoccl {
@@ -35,7 +35,7 @@ std::vector<at::Tensor> byteBlocks(const at::Tensor& t, const std::vector<int64_
 // matrix first, one message round before the data. Without it the direct form needs only this
 // rank's own splits and its host's, traded inside the host: no round across hosts before the data
 // (4 KB-1 MB on 2x2: as fast as gloo, where the split exchange costs 1.3-1.5x: docs/multihost.md).
-void MultiHostGroup::alltoallBytes(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs,
+void HostSpan::alltoallBytes(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs,
                                    const char* op) {
   std::vector<int64_t> sendBytes, recvBytes;
   for (int r = 0; r < size_; ++r) {
@@ -57,7 +57,7 @@ void MultiHostGroup::alltoallBytes(const std::vector<at::Tensor>& ins, const std
   lastPhases_.clear();
 }
 
-c10::intrusive_ptr<c10d::Work> MultiHostGroup::alltoall_base(at::Tensor& output, at::Tensor& userInput,
+c10::intrusive_ptr<c10d::Work> HostSpan::alltoall_base(at::Tensor& output, at::Tensor& userInput,
                                                              std::vector<int64_t>& outputSplits,
                                                              std::vector<int64_t>& inputSplits,
                                                              const c10d::AllToAllOptions& opts) {
@@ -83,7 +83,7 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::alltoall_base(at::Tensor& output,
   }, !opts.asyncOp);
 }
 
-c10::intrusive_ptr<c10d::Work> MultiHostGroup::alltoall(std::vector<at::Tensor>& outputs,
+c10::intrusive_ptr<c10d::Work> HostSpan::alltoall(std::vector<at::Tensor>& outputs,
                                                         std::vector<at::Tensor>& userInputs,
                                                         const c10d::AllToAllOptions& opts) {
   const char* op = "all_to_all";

@@ -3,7 +3,7 @@
 // measured faster (allGatherAsPlan): each chunk crosses along the rail first (every block to each
 // other host once), then one all-gather inside the host.
 #include "backend/multihost/legs.h"
-#include "backend/multihost/multihost_group.h"
+#include "backend/multihost/host_span.h"
 #include "backend/tensor_args.h"
 
 namespace hoccl {
@@ -22,7 +22,7 @@ OpSignature bytesSignature(c10d::OpType kind, const at::Tensor& t, int64_t root 
 
 }  // namespace
 
-void MultiHostGroup::broadcastFlat(const char* op, const at::Tensor& bytes, int root) {
+void HostSpan::broadcastFlat(const char* op, const at::Tensor& bytes, int root) {
   if (bytes.numel() == 0) return;
   ProcessGroupHOCCL::HostsOp o{op, OpKind::Broadcast, root};
   o.in = o.out = {ptr(bytes)};
@@ -32,9 +32,9 @@ void MultiHostGroup::broadcastFlat(const char* op, const at::Tensor& bytes, int 
 
 // Even hosts, pipelined: the input goes in chunks. Each chunk crosses point to point to the
 // rank's rail peers (straight from the input, into a buffer per host), and the host then
-// all-gathers every host's chunk straight into the outputs: one local all_gather per host, so
-// this host's own can start before anything has crossed and no byte is copied twice.
-void MultiHostGroup::allgatherRails(const char* op, const at::Tensor& in, const std::vector<at::Tensor>& outs) {
+// all-gathers every host's chunk straight into the outputs: one host all_gather per host, this
+// host's own while the first chunks cross, and no byte is copied twice.
+void HostSpan::allgatherRails(const char* op, const at::Tensor& in, const std::vector<at::Tensor>& outs) {
   const int64_t n = in.numel(), H = layout_.hosts();
   const int64_t chunk = legs::pipelineChunk(n, 1, 1);
   const auto& ranksOf = layout_.table.ranksOf;
@@ -42,15 +42,14 @@ void MultiHostGroup::allgatherRails(const char* op, const at::Tensor& in, const 
   struct Piece {
     int64_t off, len;
     std::vector<at::Tensor> from;  // per host: its rail member's chunk
-    std::vector<c10::intrusive_ptr<c10d::Work>> crossing, gathered;
+    std::vector<c10::intrusive_ptr<c10d::Work>> crossing;
   };
   std::vector<Piece> pieces;
   auto gatherInHost = [&](Piece& p, int64_t h) {
-    std::vector<std::vector<at::Tensor>> to(1);
-    for (int r : ranksOf[h]) to[0].push_back(outs[r].narrow(0, p.off, p.len));
-    std::vector<at::Tensor> from{p.from[h]};
+    std::vector<at::Tensor> to;
+    for (int r : ranksOf[h]) to.push_back(outs[r].narrow(0, p.off, p.len));
     checkUsable(op);
-    p.gathered.push_back(groups_.local->allgather(to, from, c10d::AllgatherOptions()));
+    pg_.allgatherOnHost(to, p.from[h]);
   };
   pieces.reserve((n + chunk - 1) / chunk);
   const auto posted = std::chrono::steady_clock::now();
@@ -77,19 +76,14 @@ void MultiHostGroup::allgatherRails(const char* op, const at::Tensor& in, const 
       for (int64_t h = 0; h < H; ++h)
         if (h != host_) gatherInHost(p, h);
     }
-    for (auto& p : pieces)
-      for (auto& w : p.gathered) w->wait();
   } catch (...) {
-    // gloo and the local group may still be writing into the scratch and the outputs.
-    for (auto& p : pieces) {
-      legs::drain(p.crossing, posted + timeout_);
-      legs::drain(p.gathered);
-    }
+    // gloo may still be writing into the scratch and the outputs.
+    for (auto& p : pieces) legs::drain(p.crossing, posted + timeout_);
     throw;
   }
 }
 
-void MultiHostGroup::allgatherFlat(const char* op, const at::Tensor& in, const std::vector<at::Tensor>& outs) {
+void HostSpan::allgatherFlat(const char* op, const at::Tensor& in, const std::vector<at::Tensor>& outs) {
   const int64_t n = in.numel();
   if (n == 0) return;
   if (!allGatherAsPlan(n)) {
@@ -104,7 +98,7 @@ void MultiHostGroup::allgatherFlat(const char* op, const at::Tensor& in, const s
   planned(op, [&](ProcessGroupHOCCL& host, int64_t tag) { host.runAcrossHosts(o, tag); });
 }
 
-c10::intrusive_ptr<c10d::Work> MultiHostGroup::broadcast(std::vector<at::Tensor>& tensors,
+c10::intrusive_ptr<c10d::Work> HostSpan::broadcast(std::vector<at::Tensor>& tensors,
                                                          const c10d::BroadcastOptions& opts) {
   TORCH_CHECK(tensors.size() == 1, "hoccl broadcast on rank ", rank_, ": expects one tensor, got ", tensors.size());
   if (auto w = viaHost("broadcast", c10d::OpType::BROADCAST, tensors, tensors,
@@ -124,7 +118,7 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::broadcast(std::vector<at::Tensor>
   }, !opts.asyncOp);
 }
 
-c10::intrusive_ptr<c10d::Work> MultiHostGroup::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+c10::intrusive_ptr<c10d::Work> HostSpan::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                          std::vector<at::Tensor>& inputs,
                                                          const c10d::AllgatherOptions& opts) {
   TORCH_CHECK(inputs.size() == 1 && outputs.size() == 1, "hoccl all_gather on rank ", rank_,
@@ -155,7 +149,7 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::allgather(std::vector<std::vector
   }, !opts.asyncOp);
 }
 
-c10::intrusive_ptr<c10d::Work> MultiHostGroup::_allgather_base(at::Tensor& output, at::Tensor& input,
+c10::intrusive_ptr<c10d::Work> HostSpan::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                const c10d::AllgatherOptions& opts) {
   if (auto w = viaHost("all_gather_into_tensor", c10d::OpType::_ALLGATHER_BASE, {input}, {output},
                        [this, opts](const Tensors& ins, const Tensors& outs) {
@@ -182,7 +176,7 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::_allgather_base(at::Tensor& outpu
   }, !opts.asyncOp);
 }
 
-c10::intrusive_ptr<c10d::Work> MultiHostGroup::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputLists,
+c10::intrusive_ptr<c10d::Work> HostSpan::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputLists,
                                                                    std::vector<at::Tensor>& inputs,
                                                                    const c10d::AllgatherOptions& opts) {
   TORCH_CHECK(outputLists.size() == inputs.size(), "hoccl allgather_coalesced on rank ", rank_, ": ",
@@ -196,7 +190,7 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::allgather_coalesced(std::vector<s
   return c10::make_intrusive<WorkGroupHOCCL>(rank_, std::move(works));
 }
 
-c10::intrusive_ptr<c10d::Work> MultiHostGroup::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+c10::intrusive_ptr<c10d::Work> HostSpan::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                                std::vector<at::Tensor>& inputs,
                                                                                const c10d::AllgatherOptions& opts) {
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
@@ -204,7 +198,7 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::allgather_into_tensor_coalesced(s
   return c10::make_intrusive<WorkGroupHOCCL>(rank_, std::move(works));
 }
 
-c10::intrusive_ptr<c10d::Work> MultiHostGroup::gather(std::vector<std::vector<at::Tensor>>& outputs,
+c10::intrusive_ptr<c10d::Work> HostSpan::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                       std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) {
   TORCH_CHECK(inputs.size() == 1, "hoccl gather on rank ", rank_, ": expects one input");
   const int root = static_cast<int>(opts.rootRank);
@@ -248,7 +242,7 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::gather(std::vector<std::vector<at
                  });
 }
 
-c10::intrusive_ptr<c10d::Work> MultiHostGroup::scatter(std::vector<at::Tensor>& outputs,
+c10::intrusive_ptr<c10d::Work> HostSpan::scatter(std::vector<at::Tensor>& outputs,
                                                        std::vector<std::vector<at::Tensor>>& inputs,
                                                        const c10d::ScatterOptions& opts) {
   TORCH_CHECK(outputs.size() == 1, "hoccl scatter on rank ", rank_, ": expects one output");
@@ -293,7 +287,7 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::scatter(std::vector<at::Tensor>& 
   }, !opts.asyncOp);
 }
 
-c10::intrusive_ptr<c10d::Work> MultiHostGroup::barrier(const c10d::BarrierOptions& opts) {
+c10::intrusive_ptr<c10d::Work> HostSpan::barrier(const c10d::BarrierOptions& opts) {
   return enqueue(c10d::OpType::BARRIER, {}, [this] {
     agreeOnRail("barrier", {static_cast<int64_t>(c10d::OpType::BARRIER), -1, 0});
     ProcessGroupHOCCL::HostsOp b{"barrier", OpKind::Barrier};
@@ -301,7 +295,7 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::barrier(const c10d::BarrierOption
   }, !opts.asyncOp);
 }
 
-void MultiHostGroup::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
+void HostSpan::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
   groups_.global->monitoredBarrier(opts, waitAllRanks);
 }
 

@@ -2,7 +2,7 @@
 // (cuda/plan/allreduce_hosts.cpp, reduce_scatter_hosts.cpp; docs/multihost.md). Sums of fp16/bf16
 // accumulate in float inside each host; every rank ends with the same bytes.
 #include "backend/multihost/legs.h"
-#include "backend/multihost/multihost_group.h"
+#include "backend/multihost/host_span.h"
 #include "backend/sparse_allreduce.h"
 #include "backend/tensor_args.h"
 
@@ -26,12 +26,12 @@ OpSignature reductionSignature(c10d::OpType kind, const at::Tensor& t, RedOp op,
 
 void checkMultiHostTensor(const at::Tensor& t, const char* op, int rank) { checkHostTensor(t, op, rank); }
 
-void MultiHostGroup::allreduceFlat(const char* op, const at::Tensor& flat, RedOp redOp, double factor) {
+void HostSpan::allreduceFlat(const char* op, const at::Tensor& flat, RedOp redOp, double factor) {
   if (flat.numel() == 0) return;
   planned(op, [&](ProcessGroupHOCCL& host, int64_t tag) { host.allreduceAcrossHosts(flat, redOp, factor, tag); });
 }
 
-void MultiHostGroup::reduceScatterFlat(const char* op, const std::vector<at::Tensor>& blocks, const at::Tensor& out,
+void HostSpan::reduceScatterFlat(const char* op, const std::vector<at::Tensor>& blocks, const at::Tensor& out,
                                        RedOp redOp, double factor) {
   const int64_t n = out.numel();
   if (n == 0) return;
@@ -47,7 +47,7 @@ void MultiHostGroup::reduceScatterFlat(const char* op, const std::vector<at::Ten
   planned(op, [&](ProcessGroupHOCCL& host, int64_t tag) { host.runAcrossHosts(o, tag); });
 }
 
-c10::intrusive_ptr<c10d::Work> MultiHostGroup::allreduce(std::vector<at::Tensor>& tensors,
+c10::intrusive_ptr<c10d::Work> HostSpan::allreduce(std::vector<at::Tensor>& tensors,
                                                          const c10d::AllreduceOptions& opts) {
   TORCH_CHECK(tensors.size() == 1, "hoccl all_reduce on rank ", rank_, ": expects one tensor, got ", tensors.size());
   if (tensors[0].layout() != at::kStrided) {
@@ -75,7 +75,7 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::allreduce(std::vector<at::Tensor>
 // The same steps as on one host (sparse_allreduce.h), over this group's all_gather. The first
 // gather (the fixed-size header) agrees across hosts first, like every collective here; the
 // later ones take their sizes from the headers every rank has checked, so they agree already.
-c10::intrusive_ptr<c10d::Work> MultiHostGroup::allreduceSparse(const at::Tensor& t, RedOp op) {
+c10::intrusive_ptr<c10d::Work> HostSpan::allreduceSparse(const at::Tensor& t, RedOp op) {
   checkSparseAllreduce(t, op, rank_);
   return enqueue(c10d::OpType::ALLREDUCE, {t}, [this, t, op] {
     bool agreed = false;
@@ -90,7 +90,7 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::allreduceSparse(const at::Tensor&
   });
 }
 
-c10::intrusive_ptr<c10d::Work> MultiHostGroup::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+c10::intrusive_ptr<c10d::Work> HostSpan::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                    const c10d::AllreduceCoalescedOptions& opts) {
   if (auto w = viaHost("allreduce_coalesced", c10d::OpType::ALLREDUCE_COALESCED, tensors, tensors,
                        [this, opts](const Tensors&, const Tensors& outs) {
@@ -116,7 +116,7 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::allreduce_coalesced(std::vector<a
 }
 
 // The root gets the all-reduced value; other ranks keep their input.
-c10::intrusive_ptr<c10d::Work> MultiHostGroup::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
+c10::intrusive_ptr<c10d::Work> HostSpan::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
   TORCH_CHECK(tensors.size() == 1, "hoccl reduce on rank ", rank_, ": expects one tensor, got ", tensors.size());
   if (auto w = viaHost("reduce", c10d::OpType::REDUCE, tensors, tensors,
                        [this, opts](const Tensors&, const Tensors& outs) {
@@ -140,7 +140,7 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::reduce(std::vector<at::Tensor>& t
   }, !opts.asyncOp);
 }
 
-c10::intrusive_ptr<c10d::Work> MultiHostGroup::reduce_scatter(std::vector<at::Tensor>& outputs,
+c10::intrusive_ptr<c10d::Work> HostSpan::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                               std::vector<std::vector<at::Tensor>>& inputs,
                                                               const c10d::ReduceScatterOptions& opts) {
   TORCH_CHECK(outputs.size() == 1 && inputs.size() == 1, "hoccl reduce_scatter on rank ", rank_,
@@ -172,7 +172,7 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::reduce_scatter(std::vector<at::Te
   }, !opts.asyncOp);
 }
 
-c10::intrusive_ptr<c10d::Work> MultiHostGroup::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+c10::intrusive_ptr<c10d::Work> HostSpan::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                     const c10d::ReduceScatterOptions& opts) {
   if (auto w = viaHost("reduce_scatter_tensor", c10d::OpType::_REDUCE_SCATTER_BASE, {input}, {output},
                        [this, opts](const Tensors& ins, const Tensors& outs) {
@@ -192,7 +192,7 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::_reduce_scatter_base(at::Tensor& 
   return reduce_scatter(outs, ins, opts);
 }
 
-c10::intrusive_ptr<c10d::Work> MultiHostGroup::reduce_scatter_tensor_coalesced(
+c10::intrusive_ptr<c10d::Work> HostSpan::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
   for (size_t i = 0; i < outputs.size(); ++i) works.push_back(_reduce_scatter_base(outputs[i], inputs[i], opts));

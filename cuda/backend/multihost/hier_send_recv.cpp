@@ -6,7 +6,7 @@
 // (common/any_source_claim.h): whichever engine has a message first receives, the other
 // withdraws. A CUDA tensor travels through a pinned host mirror (the host's group's own, or
 // cuda_via_host.cpp across hosts).
-#include "backend/multihost/multihost_group.h"
+#include "backend/multihost/host_span.h"
 #include "backend/tensor_args.h"
 
 namespace hoccl {
@@ -81,38 +81,38 @@ void checkPeer(int peer, int rank, int size, const char* op) {
 
 }  // namespace
 
-c10::intrusive_ptr<c10d::Work> MultiHostGroup::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
+c10::intrusive_ptr<c10d::Work> HostSpan::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
   checkArgs(tensors, tag, rank_, "send");
   checkPeer(dst, rank_, size_, "send");
   checkUsable("send");
-  if (layout_.hostOf(dst) == host_) return tracked(groups_.local->send(tensors, layout_.localIndex[dst], tag));
+  if (layout_.hostOf(dst) == host_) return pg_.postP2P(tensors, dst, tag, true);
   if (auto w = p2pViaHost(true, tensors[0], dst, tag)) return tracked(*w);
   return tracked(framed_->send(tensors[0], dst, tag));
 }
 
-c10::intrusive_ptr<c10d::Work> MultiHostGroup::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
+c10::intrusive_ptr<c10d::Work> HostSpan::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
   checkArgs(tensors, tag, rank_, "recv");
   checkPeer(src, rank_, size_, "recv");
   checkUsable("recv");
-  if (layout_.hostOf(src) == host_) return tracked(groups_.local->recv(tensors, layout_.localIndex[src], tag));
+  if (layout_.hostOf(src) == host_) return pg_.postP2P(tensors, src, tag, false);
   if (auto w = p2pViaHost(false, tensors[0], src, tag)) return tracked(*w);
   return tracked(framed_->recv(tensors[0], src, tag));
 }
 
-c10::intrusive_ptr<c10d::Work> MultiHostGroup::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+c10::intrusive_ptr<c10d::Work> HostSpan::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
   checkArgs(tensors, tag, rank_, "recv");
   checkUsable("recv");
   if (auto w = p2pViaHost(false, tensors[0], -1, tag)) return tracked(*w);
   return tracked(anySource(tensors[0], tag));
 }
 
-c10::intrusive_ptr<c10d::Work> MultiHostGroup::anySource(const at::Tensor& t, int tag) {
+c10::intrusive_ptr<c10d::Work> HostSpan::anySource(const at::Tensor& t, int tag) {
   if (layout_.localSize(host_) == 1) return framed_->recv(t, -1, tag);
   auto claim = std::make_shared<AnySourceClaim>();
   // The network's recv first: it registers how it withdraws before shared memory can win.
   auto acrossHosts = framed_->recv(t, -1, tag, claim);
   std::vector<at::Tensor> one{t};
-  auto onHost = groups_.local->recvAnysourceClaimed(one, tag, claim);
+  auto onHost = pg_.postP2P(one, -1, tag, false, claim);
   return c10::make_intrusive<AnySourceWork>(rank_, tag, t, claim, onHost, acrossHosts, timeout_);
 }
 

@@ -1,25 +1,25 @@
-// Collectives of the whole group as single plans across hosts: the host's group runs the plan
-// (backend/across_hosts.cpp), this group keeps what it owns: argument agreement across hosts,
+// Collectives of the whole group as single plans across hosts: the group runs the plan
+// (backend/across_hosts.cpp), this object keeps what it owns: argument agreement across hosts,
 // issue order, the network tags, and turning a network failure into the error naming the host.
-#include "backend/multihost/multihost_group.h"
+#include "backend/multihost/host_span.h"
 #include "backend/tensor_args.h"
 #include "transport/net_transport.h"
 
 namespace hoccl {
 
-void MultiHostGroup::planned(const char* op, const std::function<void(ProcessGroupHOCCL&, int64_t)>& run) {
+void HostSpan::planned(const char* op, const std::function<void(ProcessGroupHOCCL&, int64_t)>& run) {
   checkUsable(op);
   try {
-    run(*groups_.local, crossTag());
+    run(pg_, crossTag());
   } catch (const NetTransportError& e) {
     interHostFailed(op, allRanks_, e);
   }
-  setAlgorithm(groups_.local->lastAlgorithm().c_str());
+  setAlgorithm(pg_.planAlgorithm().c_str());
 }
 
 // Every rank's send and expected-receive bytes, gathered by an all_gather plan: the all_to_all
 // plans of every rank follow every pair through its host, so each needs the whole matrix.
-SplitMatrix MultiHostGroup::exchangeSplitsPlanned(const char* op, const std::vector<int64_t>& sendBytes,
+SplitMatrix HostSpan::exchangeSplitsPlanned(const char* op, const std::vector<int64_t>& sendBytes,
                                                   const std::vector<int64_t>& recvBytes) {
   const int64_t width = 2 * size_;
   std::vector<int64_t> own = SplitMatrix::row(sendBytes, recvBytes);
@@ -34,7 +34,7 @@ SplitMatrix MultiHostGroup::exchangeSplitsPlanned(const char* op, const std::vec
   return SplitMatrix::fromRows(rowOf);
 }
 
-void MultiHostGroup::alltoallPlanned(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs,
+void HostSpan::alltoallPlanned(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs,
                                      const char* op, const std::vector<int64_t>& sendBytes,
                                      const std::vector<int64_t>& recvBytes) {
   const SplitMatrix m = exchangeSplitsPlanned(op, sendBytes, recvBytes);
@@ -55,7 +55,7 @@ void MultiHostGroup::alltoallPlanned(const std::vector<at::Tensor>& ins, const s
   o.sendBytes = sendBytes;  // which input blocks peers may read in place (huge pages)
   o.recvBytes = recvBytes;
   planned(op, [&](ProcessGroupHOCCL& host, int64_t tag) { host.runAcrossHosts(o, tag); });
-  const bool relayed = groups_.local->lastAlgorithm() == "alltoall/hosts-rail";
+  const bool relayed = pg_.planAlgorithm() == "alltoall/hosts-rail";
   setAlgorithm(relayed ? "multihost_rail" : "multihost_direct");
   setAllToAllPhases(m, relayed ? AllToAllHostsForm::Relay : AllToAllHostsForm::Direct);
 }

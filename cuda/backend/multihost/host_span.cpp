@@ -1,10 +1,11 @@
-#include "backend/multihost/multihost_group.h"
+#include "backend/multihost/host_span.h"
 
 #include <algorithm>
 #include <cstdio>
 #include <sstream>
 
 #include "backend/multihost/net_costs.h"
+#include "transport/shm/futex_wait.h"
 #include "common/config.h"
 #include "plan/plan.h"
 #include "varipath/across_hosts.h"
@@ -27,9 +28,11 @@ std::chrono::milliseconds hostLegTimeout(std::chrono::milliseconds timeout) {
 
 }  // namespace
 
-MultiHostGroup::MultiHostGroup(int rank, int size, std::chrono::milliseconds timeout, HostTable hosts,
-                               InterHostGroups groups, int64_t leaderMaxBytes, bool checkAcrossHosts)
-    : c10d::Backend(rank, size),
+HostSpan::HostSpan(ProcessGroupHOCCL& group, int rank, int size, std::chrono::milliseconds timeout, HostTable hosts,
+                   InterHostGroups groups, int64_t leaderMaxBytes, bool checkAcrossHosts)
+    : pg_(group),
+      rank_(rank),
+      size_(size),
       layout_(std::move(hosts)),
       groups_(std::move(groups)),
       host_(layout_.hostOf(rank)),
@@ -37,16 +40,14 @@ MultiHostGroup::MultiHostGroup(int rank, int size, std::chrono::milliseconds tim
       myRail_(layout_.railRanks[localRank_]),
       leaderMaxBytes_(leaderMaxBytes),
       checkAcrossHosts_(checkAcrossHosts),
-      timeout_(timeout),
-      queue_(rank) {
-  TORCH_CHECK(groups_.local && groups_.rail && groups_.global && groups_.p2p,
-              "hoccl process group creation on rank ", rank, ": a multi-host group needs its local, rail, global "
-              "and p2p groups");
-  TORCH_CHECK(groups_.local->getSize() == layout_.localSize(host_) && groups_.rail->getSize() == (int)myRail_.size() &&
+      timeout_(timeout) {
+  TORCH_CHECK(groups_.rail && groups_.global && groups_.p2p, "hoccl process group creation on rank ", rank,
+              ": a group spanning hosts needs its rail, global and p2p groups");
+  TORCH_CHECK(pg_.getRank() == rank && pg_.getSize() == size && groups_.rail->getSize() == (int)myRail_.size() &&
                   groups_.global->getSize() == size && groups_.p2p->getSize() == size,
               "hoccl process group creation on rank ", rank, ": the groups handed in do not match the host table");
   for (int r = 0; r < size; ++r) allRanks_.push_back(r);
-  groups_.local->setTimeout(hostLegTimeout(timeout));
+  pg_.timeout_ = hostLegTimeout(timeout);
   framed_ = std::make_shared<FramedP2P>(groups_.p2p, rank, timeout);
   net_ = std::make_unique<GlooNetTransport>(framed_, size, [this](int peer) {
     return "rank " + std::to_string(peer) + " on " + layout_.describeHost(layout_.hostOf(peer));
@@ -55,18 +56,12 @@ MultiHostGroup::MultiHostGroup(int rank, int size, std::chrono::milliseconds tim
   if (config::text("HOCCL_DEBUG") != "off")
     std::fprintf(stderr, "[hoccl rank %d] costs across hosts: %s\n", rank, describeNetCosts(netCosts_).c_str());
   joinHostGroup();
-  queue_.start();
 }
 
-// The host's group runs collectives of this group as plans across hosts: it learns where every
-// rank sits (from the host table, like the layout) and the network engine for their transfers.
-void MultiHostGroup::joinHostGroup() {
+// The group runs its collectives as plans across hosts: it learns the network engine for their
+// transfers and what crossing costs.
+void HostSpan::joinHostGroup() {
   ProcessGroupHOCCL::HostsContext hosts;
-  hosts.rank = rank_;
-  hosts.world = size_;
-  hosts.hostOf = layout_.table.hostOf;
-  hosts.localIndex.assign(size_, -1);
-  for (int r : layout_.table.ranksOf[host_]) hosts.localIndex[r] = layout_.localIndex[r];
   hosts.net = net_.get();
   hosts.leaderMaxBytes = leaderMaxBytes_;
   // Messages of at most 1 MiB: large enough that gloo's per-message cost (~1 ms here) stays
@@ -75,41 +70,37 @@ void MultiHostGroup::joinHostGroup() {
   hosts.netChunkBytes = 1 << 20;
   hosts.netCosts = netCosts_;
   hosts.pointToPointTimeout = timeout_;
-  groups_.local->joinHosts(std::move(hosts));
+  pg_.joinHosts(std::move(hosts));
 }
 
-MultiHostGroup::~MultiHostGroup() { shutdown(); }
+HostSpan::~HostSpan() { stopNetwork(); }
 
-void MultiHostGroup::shutdown() {
-  if (!queue_.stop()) return;
-  net_->abort("the process group was shut down");  // stops framed_
-  groups_.local->shutdown();
-}
+void HostSpan::stopNetwork() { net_->abort("the process group was shut down"); }  // stops framed_
 
-void MultiHostGroup::abort() {
+// The group shuts down after this (ProcessGroupHOCCL::abort).
+void HostSpan::abort() {
   {
     std::lock_guard<std::mutex> lock(stateMutex_);
     if (broken_.empty()) broken_ = "hoccl: rank " + std::to_string(rank_) + " called abort()";
   }
   for (auto* g : {groups_.rail.get(), groups_.global.get(), groups_.p2p.get()}) g->abort();
-  groups_.local->abortWith("hoccl: rank " + std::to_string(rank_) + " called abort()");
+  pg_.abortWith("hoccl: rank " + std::to_string(rank_) + " called abort()");
   net_->abort("rank " + std::to_string(rank_) + " called abort()");  // stops framed_
-  shutdown();
 }
 
-void MultiHostGroup::setTimeout(std::chrono::milliseconds timeout) {
+void HostSpan::setTimeout(std::chrono::milliseconds timeout) {
   timeout_ = timeout;
   framed_->setTimeout(timeout);
-  groups_.local->setTimeout(hostLegTimeout(timeout));
+  pg_.timeout_ = hostLegTimeout(timeout);
   for (auto* g : {groups_.rail.get(), groups_.global.get(), groups_.p2p.get()}) g->setTimeout(timeout);
 }
 
-std::string MultiHostGroup::lastAlgorithm() const {
+std::string HostSpan::lastAlgorithm() const {
   std::lock_guard<std::mutex> lock(stateMutex_);
   return lastAlgo_;
 }
 
-bool MultiHostGroup::allGatherAsPlan(int64_t bytes) const {
+bool HostSpan::allGatherAsPlan(int64_t bytes) const {
   // all_gather, the one collective left with legs. Its plan measured ahead of the legs on uneven
   // hosts (1.1-1.9x on 2, 1 and 2 ranks, where the legs' leaders trailed gloo from 1 MB); on 2 x 2
   // level or ahead where it goes host first (small blocks) and from 256 KB a rank, behind the
@@ -127,53 +118,48 @@ bool MultiHostGroup::allGatherAsPlan(int64_t bytes) const {
   return allGatherGoesHostFirst(req);
 }
 
-std::vector<TransferPhase> MultiHostGroup::lastAllToAllPhases() const {
+std::vector<TransferPhase> HostSpan::lastAllToAllPhases() const {
   std::lock_guard<std::mutex> lock(stateMutex_);
   return lastPhases_;
 }
 
-void MultiHostGroup::setAllToAllPhases(const SplitMatrix& m, AllToAllHostsForm form) {
+void HostSpan::setAllToAllPhases(const SplitMatrix& m, AllToAllHostsForm form) {
   std::vector<TransferPhase> phases = varipath::phasesAcrossHosts(layout_.table.hostOf, m.bytes, form);
   std::lock_guard<std::mutex> lock(stateMutex_);
   lastPhases_ = std::move(phases);
 }
 
-void MultiHostGroup::setAlgorithm(const char* name) {
+void HostSpan::setAlgorithm(const char* name) {
   std::lock_guard<std::mutex> lock(stateMutex_);
   lastAlgo_ = name;
 }
 
-at::Tensor MultiHostGroup::scratch(int64_t bytes) {
+at::Tensor HostSpan::scratch(int64_t bytes) {
   if (!scratch_.defined() || scratch_.numel() < bytes) scratch_ = at::empty({bytes}, at::kByte);
   return scratch_;
 }
 
-c10::intrusive_ptr<c10d::Work> MultiHostGroup::enqueue(c10d::OpType type, std::vector<at::Tensor> outputs,
-                                                       Body body, bool callerWaits) {
-  auto work = c10::make_intrusive<WorkHOCCL>(rank_, type, std::move(outputs));
-  if (captured(body)) return work;
-  issued_.fetch_add(1);
-  // A caller about to block in wait() gains nothing from the worker and pays two wake-ups, each
-  // up to a scheduler tick on loaded cores.
-  queue_.submit(work, std::move(body), callerWaits);
+c10::intrusive_ptr<c10d::Work> HostSpan::enqueue(c10d::OpType type, std::vector<at::Tensor> outputs, Body body,
+                                                 bool callerWaits) {
+  if (captured(body)) return c10::make_intrusive<WorkHOCCL>(rank_, type, std::move(outputs));
+  // While cores are shared (no spinning) a plan across hosts runs on the worker thread with the
+  // caller asleep in wait(): on the namespaced 2x2 hosts that ran every plan measured 1.2-2.2x
+  // faster (docs/multihost.md, "Which thread runs a plan across hosts"); while the ranks spin,
+  // on the caller's thread (4-18 % faster there).
+  return pg_.enqueue(type, std::move(outputs), std::move(body), INT64_MAX, callerWaits && !coresShared());
+}
+
+c10::intrusive_ptr<c10d::Work> HostSpan::tracked(c10::intrusive_ptr<c10d::Work> work) {
+  pg_.queue_.track(work);
   return work;
 }
 
-c10::intrusive_ptr<c10d::Work> MultiHostGroup::tracked(c10::intrusive_ptr<c10d::Work> work) {
-  queue_.track(work);
-  return work;
-}
-
-void MultiHostGroup::startCoalescing() { queue_.startCoalescing(); }
-
-c10::intrusive_ptr<c10d::Work> MultiHostGroup::endCoalescing() { return queue_.endCoalescing(); }
-
-void MultiHostGroup::checkUsable(const char* op) const {
+void HostSpan::checkUsable(const char* op) const {
   std::lock_guard<std::mutex> lock(stateMutex_);
   TORCH_CHECK(broken_.empty(), "hoccl ", op, " on rank ", rank_, ": the group is broken: ", broken_);
 }
 
-c10::intrusive_ptr<c10d::Work> MultiHostGroup::startAcross(
+c10::intrusive_ptr<c10d::Work> HostSpan::startAcross(
     const char* op, c10d::Backend& group, const std::vector<int>& members,
     const std::function<c10::intrusive_ptr<c10d::Work>(c10d::Backend&)>& leg) {
   checkUsable(op);
@@ -185,7 +171,7 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::startAcross(
   }
 }
 
-c10::intrusive_ptr<c10d::Work> MultiHostGroup::startTransfer(const char* op, c10d::Backend& group,
+c10::intrusive_ptr<c10d::Work> HostSpan::startTransfer(const char* op, c10d::Backend& group,
                                                              const std::vector<int>& members, bool isSend, int peer,
                                                              const at::Tensor& t, int tag) {
   return startAcross(op, group, members, [&](c10d::Backend& g) {
@@ -194,7 +180,7 @@ c10::intrusive_ptr<c10d::Work> MultiHostGroup::startTransfer(const char* op, c10
   });
 }
 
-void MultiHostGroup::waitAcross(const char* op, const std::vector<int>& members,
+void HostSpan::waitAcross(const char* op, const std::vector<int>& members,
                                 const c10::intrusive_ptr<c10d::Work>& work) {
   if (!work) return;
   try {
@@ -206,7 +192,7 @@ void MultiHostGroup::waitAcross(const char* op, const std::vector<int>& members,
 
 // gloo reports a dead peer as an I/O error naming its address, a cut link as a timeout: find
 // the host behind the address, else name every other host of the leg.
-void MultiHostGroup::interHostFailed(const char* op, const std::vector<int>& members, const std::exception& e) {
+void HostSpan::interHostFailed(const char* op, const std::vector<int>& members, const std::exception& e) {
   std::string what = e.what();
   std::string first = what.substr(0, what.find('\n'));
   std::vector<int> suspects;
@@ -231,7 +217,7 @@ void MultiHostGroup::interHostFailed(const char* op, const std::vector<int>& mem
     std::lock_guard<std::mutex> lock(stateMutex_);
     if (broken_.empty()) broken_ = msg.str();
   }
-  groups_.local->abortWith(msg.str());
+  pg_.abortWith(msg.str());
   TORCH_CHECK_WITH(DistBackendError, false, msg.str());
 }
 

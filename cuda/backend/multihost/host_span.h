@@ -1,14 +1,15 @@
-// The hoccl backend of a group whose ranks sit on more than one host. Every collective but
-// all_gather's mid-size blocks on even hosts runs as one plan across hosts, which the group of
-// this host's ranks executes (planned.cpp, backend/across_hosts.cpp): steps inside the host on its
-// shared memory, network steps on the gloo network engine. Those blocks may still run as legs:
-// inside a host on that local group, across hosts on torch's ProcessGroupGloo groups that the
-// Python creator made and this object owns: one per rail (the ranks with the same local index on
-// each host; rail 0 is the host leaders), one over every rank, one for send/recv across hosts
-// (framed with a size check, see transport/net/gloo/framed_p2p.h; a pair on one host uses the
-// local group's send/recv). Ops run in issue order on one worker thread
-// (or the caller's), so every gloo group sees its ops in the same order on every member. The
-// algorithms and their choice rule are in docs/multihost.md.
+// The part of a ProcessGroupHOCCL whose ranks sit on more than one host: its collectives' argument
+// agreement across hosts, network tags and failures naming the lost host. Every collective but
+// all_gather's mid-size blocks on even hosts runs as one plan across hosts, which the group
+// executes (planned.cpp, backend/across_hosts.cpp): steps inside the host on its shared memory,
+// network steps on the gloo network engine. Those blocks may still run as legs: inside a host on
+// the group's shared memory, across hosts on torch's ProcessGroupGloo groups that the Python
+// creator made and this object owns: one per rail (the ranks with the same local index on each
+// host; rail 0 is the host leaders), one over every rank, one for send/recv across hosts (framed
+// with a size check, see transport/net/gloo/framed_p2p.h; a pair on one host uses the group's
+// shared memory). Ops run in the group's issue order (its OpQueue), so every gloo group sees its
+// ops in the same order on every member. The algorithms and their choice rule are in
+// docs/multihost.md.
 #pragma once
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -23,7 +24,6 @@
 #include "backend/multihost/alltoall_forms.h"
 #include "transport/net/gloo/gloo_net_transport.h"
 #include "backend/multihost/host_layout.h"
-#include "backend/op_queue.h"
 #include "backend/process_group.h"
 #include "backend/work.h"
 #include "common/config.h"
@@ -44,28 +44,22 @@ struct OpSignature {
 const char* collectiveName(int64_t kind);
 
 struct InterHostGroups {
-  c10::intrusive_ptr<ProcessGroupHOCCL> local;  // this host's ranks (shared memory)
   c10::intrusive_ptr<c10d::Backend> rail;       // this rank's rail (gloo)
   c10::intrusive_ptr<c10d::Backend> global;     // every rank (gloo)
   c10::intrusive_ptr<c10d::Backend> p2p;        // every rank: send/recv across hosts, plans' transfers (gloo)
   std::vector<std::string> addressOf;           // per rank: the address its gloo groups use
 };
 
-class MultiHostGroup : public c10d::Backend {
+class HostSpan {
  public:
-  MultiHostGroup(int rank, int size, std::chrono::milliseconds timeout, HostTable hosts,
-                 InterHostGroups groups, int64_t leaderMaxBytes, bool checkAcrossHosts);
-  ~MultiHostGroup() override;
+  HostSpan(ProcessGroupHOCCL& group, int rank, int size, std::chrono::milliseconds timeout, HostTable hosts,
+           InterHostGroups groups, int64_t leaderMaxBytes, bool checkAcrossHosts);
+  ~HostSpan();
 
-  const std::string getBackendName() const override { return "hoccl"; }
-  bool supportsCoalescing() const override { return true; }
-  void setTimeout(std::chrono::milliseconds timeout) override;
-  void startCoalescing() override;
-  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
-  void shutdown() override;
-  void abort() override;
-  void setSequenceNumberForGroup() override {}
-  uint64_t getSequenceNumberForGroup() override { return issued_; }
+  void setTimeout(std::chrono::milliseconds timeout);
+  // After the group's queue has stopped: no network transfer is left to wait for.
+  void stopNetwork();
+  void abort();
   std::string lastAlgorithm() const;
   // The phases of this rank's last all_to_all (varipath::phasesAcrossHosts of the form it ran);
   // none when no split matrix was gathered (the legs without the cross-host check).
@@ -77,55 +71,56 @@ class MultiHostGroup : public c10d::Backend {
   NetTransport* net() const { return net_.get(); }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
-                                           const c10d::BroadcastOptions& opts) override;
+                                           const c10d::BroadcastOptions& opts);
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
-                                           const c10d::AllreduceOptions& opts) override;
+                                           const c10d::AllreduceOptions& opts);
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
-      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts);
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
-                                        const c10d::ReduceOptions& opts) override;
+                                        const c10d::ReduceOptions& opts);
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                            std::vector<at::Tensor>& inputs,
-                                           const c10d::AllgatherOptions& opts) override;
+                                           const c10d::AllgatherOptions& opts);
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
-                                                 const c10d::AllgatherOptions& opts) override;
+                                                 const c10d::AllgatherOptions& opts);
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(
       std::vector<std::vector<at::Tensor>>& outputLists, std::vector<at::Tensor>& inputs,
-      const c10d::AllgatherOptions& opts) override;
+      const c10d::AllgatherOptions& opts);
   c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-      const c10d::AllgatherOptions& opts) override;
+      const c10d::AllgatherOptions& opts);
   c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
                                         std::vector<at::Tensor>& inputs,
-                                        const c10d::GatherOptions& opts) override;
+                                        const c10d::GatherOptions& opts);
   c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
                                          std::vector<std::vector<at::Tensor>>& inputs,
-                                         const c10d::ScatterOptions& opts) override;
+                                         const c10d::ScatterOptions& opts);
   c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
                                                 std::vector<std::vector<at::Tensor>>& inputs,
-                                                const c10d::ReduceScatterOptions& opts) override;
+                                                const c10d::ReduceScatterOptions& opts);
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
-      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
+      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts);
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-      const c10d::ReduceScatterOptions& opts) override;
+      const c10d::ReduceScatterOptions& opts);
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
                                                std::vector<int64_t>& outputSplits,
                                                std::vector<int64_t>& inputSplits,
-                                               const c10d::AllToAllOptions& opts) override;
+                                               const c10d::AllToAllOptions& opts);
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
                                           std::vector<at::Tensor>& inputs,
-                                          const c10d::AllToAllOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
-  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
-  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
-  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
-  void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) override;
+                                          const c10d::AllToAllOptions& opts);
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag);
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag);
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag);
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts);
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks);
 
  private:
   using Body = std::function<void()>;
-  // callerWaits: the caller blocks in wait() right after (a synchronous op): with nothing queued
-  // or running, the body runs on the caller's thread.
+  // On the group's queue. callerWaits: the caller blocks in wait() right after (a synchronous
+  // op): with nothing queued or running, and while the ranks spin, the body runs on the caller's
+  // thread.
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, std::vector<at::Tensor> outputs, Body body,
                                          bool callerWaits = false);
 
@@ -159,8 +154,8 @@ class MultiHostGroup : public c10d::Backend {
   // One point-to-point leg: send `t` to, or receive it from, `peer` (a rank of `group`).
   c10::intrusive_ptr<c10d::Work> startTransfer(const char* op, c10d::Backend& group, const std::vector<int>& members,
                                                bool isSend, int peer, const at::Tensor& t, int tag);
-  // One collective of the whole group as a plan across hosts (planned.cpp), run by the host's
-  // group with a fresh network tag; a network failure becomes interHostFailed's error.
+  // One collective of the whole group as a plan across hosts (planned.cpp), run by the group
+  // with a fresh network tag; a network failure becomes interHostFailed's error.
   void joinHostGroup();
   void planned(const char* op, const std::function<void(ProcessGroupHOCCL&, int64_t netTag)>& run);
   [[noreturn]] void interHostFailed(const char* op, const std::vector<int>& members, const std::exception& e);
@@ -193,6 +188,8 @@ class MultiHostGroup : public c10d::Backend {
   // At least `bytes` of the group's reusable scratch (worker thread only; one op at a time).
   at::Tensor scratch(int64_t bytes);
 
+  ProcessGroupHOCCL& pg_;  // the group whose ranks this spans (it owns this object)
+  const int rank_, size_;
   HostLayout layout_;
   InterHostGroups groups_;
   int host_, localRank_;
@@ -211,8 +208,6 @@ class MultiHostGroup : public c10d::Backend {
   NetCosts netCosts_;
   std::chrono::milliseconds timeout_;
 
-  OpQueue queue_;
-  std::atomic<uint64_t> issued_{0};
   mutable std::mutex stateMutex_;
   std::string broken_;  // the first inter-host failure; later ops fail with it at once
   std::string lastAlgo_;
