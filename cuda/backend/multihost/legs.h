@@ -21,22 +21,11 @@ inline int64_t pipelineChunk(int64_t n, int64_t elementSize, int64_t multiple) {
   return (chunk + multiple - 1) / multiple * multiple;
 }
 
-// Waits for every transfer, ignoring their errors: on a failure path, before the buffers the
-// transfers write into can be freed.
-inline void drain(const std::vector<c10::intrusive_ptr<c10d::Work>>& works) {
-  for (const auto& w : works) {
-    if (!w) continue;
-    try {
-      w->wait();
-    } catch (...) {
-    }
-  }
-}
-
-// The same for gloo transfers posted together, each waited at most until `deadline` (their post
-// plus the group's timeout): gloo's wait would give each a whole timeout from the moment it is
-// drained, so a lost host would cost one timeout per transfer still in flight. A gloo wait that
-// expires breaks its context, so nothing writes into the buffers after it either.
+// Waits for every gloo transfer posted together, ignoring their errors: on a failure path, before
+// the buffers the transfers write into can be freed. Each waits at most until `deadline` (their
+// post plus the group's timeout): gloo's wait would give each a whole timeout from the moment it
+// is drained, so a lost host would cost one timeout per transfer still in flight. A gloo wait
+// that expires breaks its context, so nothing writes into the buffers after it either.
 inline void drain(const std::vector<c10::intrusive_ptr<c10d::Work>>& works,
                   std::chrono::steady_clock::time_point deadline) {
   for (const auto& w : works) {
