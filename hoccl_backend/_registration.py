@@ -22,11 +22,11 @@ def _create(store, rank: int, size: int, timeout: timedelta, global_ranks=None):
     # does not plan with it (its all_to_all is priced by VarioPath's cost model across hosts).
     alltoall = _alltoall_scheduler(rank, size, global_ranks)
     if size > 1:
-        names, host_of = _C.host_table(store, rank, size, timeout)
+        names, _ = _C.host_table(store, rank, size, timeout)
         if len(names) > 1:
             from hoccl_backend import multihost
 
-            return multihost.create(store, rank, size, timeout, names, host_of)
+            return multihost.create(store, rank, size, timeout)
     pg = _C.ProcessGroupHOCCL(store, rank, size, timeout)
     if alltoall is not None:
         pg.set_alltoall_scheduler(alltoall[0])

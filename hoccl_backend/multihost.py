@@ -39,7 +39,7 @@ def inter_host_address() -> str:
         return ""
 
 
-def create(store, rank: int, size: int, timeout: timedelta, names, host_of):
+def create(store, rank: int, size: int, timeout: timedelta):
     import torch.distributed as dist
 
     from hoccl_backend import _C
@@ -48,26 +48,24 @@ def create(store, rank: int, size: int, timeout: timedelta, names, host_of):
     if engine != "gloo":  # the table admits gloo only today; this guards the day it admits more
         raise ValueError(f"hoccl process group creation on rank {rank}: HOCCL_INTER_HOST={engine} "
                          "is not available in this build")
-    hosts = len(names)
-    ranks_of = [[r for r in range(size) if host_of[r] == h] for h in range(hosts)]
-    host = host_of[rank]
-    local_rank = ranks_of[host].index(rank)
+    pg = _C.ProcessGroupHOCCL(store, rank, size, timeout, spans_hosts=True)
+    ranks_of = pg.hosts()  # the group's host table: its rails and the layout its plans use
+    local_rank = next(ranks.index(rank) for ranks in ranks_of if rank in ranks)
 
     address = inter_host_address()
     store.set(f"hoccl/address/{rank}", address)
     addresses = [store.get(f"hoccl/address/{r}").decode() for r in range(size)]
     if local_rank == 0 and (address.startswith("127.") or not address):
         warnings.warn(
-            f"hoccl rank {rank}: this group spans {hosts} hosts but the inter-host address is "
+            f"hoccl rank {rank}: this group spans {len(ranks_of)} hosts but the inter-host address is "
             f"'{address or 'unresolved'}' (the hostname resolves to loopback); set GLOO_SOCKET_IFNAME "
             "to the interface that reaches the other hosts", stacklevel=2)
 
-    pg = _C.ProcessGroupHOCCL(store, rank, size, timeout, spans_hosts=True)
     gloo = dist.ProcessGroupGloo
     global_group = gloo(dist.PrefixStore("hoccl/gloo/global", store), rank, size, timeout)
     p2p = gloo(dist.PrefixStore("hoccl/gloo/p2p", store), rank, size, timeout)
-    rail_members = [ranks_of[h][local_rank] for h in range(hosts) if len(ranks_of[h]) > local_rank]
+    rail_members = [ranks[local_rank] for ranks in ranks_of if len(ranks) > local_rank]
     rail = gloo(dist.PrefixStore(f"hoccl/gloo/rail/{local_rank}", store), rail_members.index(rank),
                 len(rail_members), timeout)
-    pg.span_hosts(list(names), list(host_of), rail, global_group, p2p, addresses)
+    pg.span_hosts(rail, global_group, p2p, addresses)
     return pg

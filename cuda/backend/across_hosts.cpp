@@ -9,8 +9,6 @@ namespace hoccl {
 
 void ProcessGroupHOCCL::joinHosts(HostsContext hosts) {
   TORCH_CHECK(hosts.net, "hoccl: rank ", rank_, ": an incomplete host context");
-  TORCH_CHECK(group_->blocksPerSide() >= static_cast<size_t>(size_), "hoccl: rank ", rank_,
-              ": this group was not created to span hosts");
   hostsCtx_ = std::move(hosts);
 }
 

@@ -60,12 +60,11 @@ ProcessGroupHOCCL::ProcessGroupHOCCL(const c10::intrusive_ptr<c10d::Store>& stor
 
 ProcessGroupHOCCL::~ProcessGroupHOCCL() { shutdown(); }
 
-void ProcessGroupHOCCL::spanHosts(HostTable hosts, InterHostGroups groups, int64_t leaderMaxBytes,
-                                  bool checkAcrossHosts) {
-  TORCH_CHECK(group_->blocksPerSide() >= static_cast<size_t>(size_) && !span_, "hoccl process group creation on rank ",
-              rank_, ": spanHosts needs a group created with spansHosts, once");
-  span_ = std::make_unique<HostSpan>(*this, rank_, size_, timeout_, std::move(hosts), std::move(groups),
-                                     leaderMaxBytes, checkAcrossHosts);
+void ProcessGroupHOCCL::spanHosts(InterHostGroups groups, int64_t leaderMaxBytes, bool checkAcrossHosts) {
+  TORCH_CHECK(hosts_.hosts() > 1 && group_->blocksPerSide() >= static_cast<size_t>(size_) && !span_,
+              "hoccl process group creation on rank ", rank_,
+              ": spanHosts needs a group created with spansHosts whose ranks sit on several hosts, once");
+  span_ = std::make_unique<HostSpan>(*this, std::move(groups), leaderMaxBytes, checkAcrossHosts);
 }
 
 NetCosts ProcessGroupHOCCL::netCosts() const {

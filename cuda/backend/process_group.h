@@ -63,7 +63,7 @@ class ProcessGroupHOCCL : public c10d::Backend {
   void setAllToAllScheduler(std::shared_ptr<const varipath::Scheduler> scheduler);
   // Makes this group, created with spansHosts, run its collectives across hosts: over the gloo
   // groups the Python creator built (multihost.py), which it owns from then on. Once, before any op.
-  void spanHosts(HostTable hosts, InterHostGroups groups, int64_t leaderMaxBytes, bool checkAcrossHosts);
+  void spanHosts(InterHostGroups groups, int64_t leaderMaxBytes, bool checkAcrossHosts);
   bool spansHosts() const { return span_ != nullptr; }
   // What crossing hosts costs, as plans and all_to_all's form weigh it (a group spanning hosts).
   NetCosts netCosts() const;
@@ -302,8 +302,8 @@ class ProcessGroupHOCCL : public c10d::Backend {
   std::shared_ptr<const std::vector<TransferPhase>> lastAllToAllPhases_;  // guarded by lastAlgoMutex_
   // The algorithm of the last plan this group ran (lastAlgorithm() names a spanning group's ops).
   std::string planAlgorithm() const;
-  // all_gather among this host's ranks only, `outputs` in their order (a leg of an all_gather
-  // across hosts), on the calling thread; no argument checks: the caller built the tensors.
+  // all_gather among this host's ranks only, `outputs` in their order, on the calling thread; no
+  // argument checks: the body of a single-host all_gather, and a leg of one across hosts.
   void allgatherOnHost(const std::vector<at::Tensor>& outputs, const at::Tensor& input);
   // Last: its network stops after this group's queue (shutdown) and goes before the rest.
   std::unique_ptr<HostSpan> span_;

@@ -62,17 +62,14 @@ PYBIND11_MODULE(_C, m) {
            "the int that names this group in torch.ops.hoccl.all_reduce_(tensor, group, op)")
       .def(
           "span_hosts",
-          [](hoccl::ProcessGroupHOCCL& pg, std::vector<std::string> names, std::vector<int> hostOf,
-             c10::intrusive_ptr<c10d::Backend> rail, c10::intrusive_ptr<c10d::Backend> global,
-             c10::intrusive_ptr<c10d::Backend> p2p, std::vector<std::string> addressOf) {
-            std::vector<std::string> identities;
-            for (int h : hostOf) identities.push_back(names.at(h));
+          [](hoccl::ProcessGroupHOCCL& pg, c10::intrusive_ptr<c10d::Backend> rail,
+             c10::intrusive_ptr<c10d::Backend> global, c10::intrusive_ptr<c10d::Backend> p2p,
+             std::vector<std::string> addressOf) {
             hoccl::InterHostGroups groups{std::move(rail), std::move(global), std::move(p2p), std::move(addressOf)};
-            pg.spanHosts(hoccl::HostTable::fromIdentities(identities), std::move(groups),
-                         hoccl::config::bytes("HOCCL_LEADER_MAX_BYTES"),
+            pg.spanHosts(std::move(groups), hoccl::config::bytes("HOCCL_LEADER_MAX_BYTES"),
                          hoccl::config::text("HOCCL_CHECK_ACROSS_HOSTS") == "1");
           },
-          py::arg("host_names"), py::arg("host_of"), py::arg("rail"), py::arg("global_group"), py::arg("p2p"),
+          py::arg("rail"), py::arg("global_group"), py::arg("p2p"),
           py::arg("address_of"), py::call_guard<py::gil_scoped_release>(),
           "collectives across hosts from now on, over these gloo groups (a group created with spans_hosts)")
       .def("spans_hosts", &hoccl::ProcessGroupHOCCL::spansHosts)

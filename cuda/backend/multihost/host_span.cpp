@@ -28,33 +28,32 @@ std::chrono::milliseconds hostLegTimeout(std::chrono::milliseconds timeout) {
 
 }  // namespace
 
-HostSpan::HostSpan(ProcessGroupHOCCL& group, int rank, int size, std::chrono::milliseconds timeout, HostTable hosts,
-                   InterHostGroups groups, int64_t leaderMaxBytes, bool checkAcrossHosts)
+HostSpan::HostSpan(ProcessGroupHOCCL& group, InterHostGroups groups, int64_t leaderMaxBytes, bool checkAcrossHosts)
     : pg_(group),
-      rank_(rank),
-      size_(size),
-      layout_(std::move(hosts)),
+      rank_(group.rank_),
+      size_(group.size_),
+      layout_(group.hosts_),
       groups_(std::move(groups)),
-      host_(layout_.hostOf(rank)),
-      localRank_(layout_.localIndex[rank]),
+      host_(layout_.hostOf(rank_)),
+      localRank_(group.localRank_),
       myRail_(layout_.railRanks[localRank_]),
       leaderMaxBytes_(leaderMaxBytes),
       checkAcrossHosts_(checkAcrossHosts),
-      timeout_(timeout) {
-  TORCH_CHECK(groups_.rail && groups_.global && groups_.p2p, "hoccl process group creation on rank ", rank,
+      timeout_(group.timeout_) {
+  TORCH_CHECK(groups_.rail && groups_.global && groups_.p2p, "hoccl process group creation on rank ", rank_,
               ": a group spanning hosts needs its rail, global and p2p groups");
-  TORCH_CHECK(pg_.getRank() == rank && pg_.getSize() == size && groups_.rail->getSize() == (int)myRail_.size() &&
-                  groups_.global->getSize() == size && groups_.p2p->getSize() == size,
-              "hoccl process group creation on rank ", rank, ": the groups handed in do not match the host table");
-  for (int r = 0; r < size; ++r) allRanks_.push_back(r);
-  pg_.timeout_ = hostLegTimeout(timeout);
-  framed_ = std::make_shared<FramedP2P>(groups_.p2p, rank, timeout);
-  net_ = std::make_unique<GlooNetTransport>(framed_, size, [this](int peer) {
+  TORCH_CHECK(groups_.rail->getSize() == (int)myRail_.size() && groups_.global->getSize() == size_ &&
+                  groups_.p2p->getSize() == size_,
+              "hoccl process group creation on rank ", rank_, ": the groups handed in do not match the host table");
+  for (int r = 0; r < size_; ++r) allRanks_.push_back(r);
+  pg_.timeout_ = hostLegTimeout(timeout_);
+  framed_ = std::make_shared<FramedP2P>(groups_.p2p, rank_, timeout_);
+  net_ = std::make_unique<GlooNetTransport>(framed_, size_, [this](int peer) {
     return "rank " + std::to_string(peer) + " on " + layout_.describeHost(layout_.hostOf(peer));
   });
-  netCosts_ = agreeNetCosts(*groups_.global, layout_, rank);
+  netCosts_ = agreeNetCosts(*groups_.global, layout_, rank_);
   if (config::text("HOCCL_DEBUG") != "off")
-    std::fprintf(stderr, "[hoccl rank %d] costs across hosts: %s\n", rank, describeNetCosts(netCosts_).c_str());
+    std::fprintf(stderr, "[hoccl rank %d] costs across hosts: %s\n", rank_, describeNetCosts(netCosts_).c_str());
   joinHostGroup();
 }
 

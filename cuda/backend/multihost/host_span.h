@@ -52,8 +52,8 @@ struct InterHostGroups {
 
 class HostSpan {
  public:
-  HostSpan(ProcessGroupHOCCL& group, int rank, int size, std::chrono::milliseconds timeout, HostTable hosts,
-           InterHostGroups groups, int64_t leaderMaxBytes, bool checkAcrossHosts);
+  // Over the group's host table, rank, size and timeout.
+  HostSpan(ProcessGroupHOCCL& group, InterHostGroups groups, int64_t leaderMaxBytes, bool checkAcrossHosts);
   ~HostSpan();
 
   void setTimeout(std::chrono::milliseconds timeout);
@@ -189,10 +189,10 @@ class HostSpan {
   at::Tensor scratch(int64_t bytes);
 
   ProcessGroupHOCCL& pg_;  // the group whose ranks this spans (it owns this object)
-  const int rank_, size_;
+  const int rank_, size_;  // the group's
   HostLayout layout_;
   InterHostGroups groups_;
-  int host_, localRank_;
+  int host_, localRank_;  // this rank's host and index on it (the group's localRank_)
   std::vector<int> myRail_;     // ranks of this rank's rail
   std::vector<int> allRanks_;
   int64_t leaderMaxBytes_;
