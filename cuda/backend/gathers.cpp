@@ -64,19 +64,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allgather(std::vector<std::vec
   checkTensor(inputs[0], "all_gather", rank_);
   TORCH_CHECK(static_cast<int>(outputs[0].size()) == size_, "hoccl all_gather on rank ", rank_,
               ": output list has ", outputs[0].size(), " tensors but the group has ", size_, " ranks");
-  std::vector<Staged> outs;
   for (auto& t : outputs[0]) {
     checkTensor(t, "all_gather", rank_);
     checkSameAs(t, inputs[0], "all_gather", rank_, "an output tensor");
-    outs.emplace_back(t);
   }
   at::Tensor in = inputs[0].contiguous();
-  return enqueue(c10d::OpType::ALLGATHER, outputs[0], [this, in, outs] {
-    std::vector<at::Tensor> o;
-    for (auto& s : outs) o.push_back(s.work);
-    allgatherBlocks(in, o, OpKind::AllGather, 0);
-    for (auto& s : outs) s.writeBack();
-  }, nbytes(inputs[0]) * size_, !opts.asyncOp);
+  return enqueue(c10d::OpType::ALLGATHER, outputs[0], [this, in, outs = outputs[0]] { allgatherOnHost(outs, in); },
+                 nbytes(inputs[0]) * size_, !opts.asyncOp);
 }
 
 void ProcessGroupHOCCL::allgatherOnHost(const std::vector<at::Tensor>& outputs, const at::Tensor& input) {
