@@ -4,6 +4,9 @@
 #include "varipath/scheduler.h"
 
 namespace hoccl {
+
+using Tensors = std::vector<at::Tensor>;
+
 namespace {
 
 // Pointers and byte sizes of consecutive row blocks of a contiguous tensor (a 0-d tensor is one row).
@@ -188,6 +191,7 @@ void ProcessGroupHOCCL::runAllToAll(Collective& c) {
 }
 
 void ProcessGroupHOCCL::alltoallBlocks(AllToAllBlocks blocks, c10::ScalarType dtype, const char* opName) {
+  if (span_) return span_->alltoallBlocks(blocks, opName);
   Collective c{opName};
   c.req.kind = OpKind::AllToAll;
   c.req.elemSize = 1;
@@ -202,17 +206,26 @@ void ProcessGroupHOCCL::alltoallBlocks(AllToAllBlocks blocks, c10::ScalarType dt
   runCollective(c);
 }
 
+// One entry per form for every host layout: the checks are the same; a group spanning hosts
+// stages CUDA tensors through host mirrors (HostSpan::viaHost) and runs the exchange as one plan
+// across hosts (HostSpan::alltoallBlocks).
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::alltoall_base(at::Tensor& output, at::Tensor& userInput,
                                                                 std::vector<int64_t>& outputSplits,
                                                                 std::vector<int64_t>& inputSplits,
                                                                 const c10d::AllToAllOptions& opts) {
-  if (span_) return span_->alltoall_base(output, userInput, outputSplits, inputSplits, opts);
   const char* op = "all_to_all_single";
   at::Tensor input = readableWhileWriting(userInput, {output});
-  bool even = outputSplits.empty() && inputSplits.empty() && input.numel() == output.numel() &&
-              input.numel() % size_ == 0 && input.scalar_type() == output.scalar_type();
-  // The CUDA routing builds closures: test the device first.
-  if (input.is_cuda() || output.is_cuda()) {
+  if (span_) {
+    if (auto w = span_->viaHost(op, c10d::OpType::ALLTOALL_BASE, {input}, {output},
+                                [this, outputSplits, inputSplits, opts](const Tensors& hi, const Tensors& ho) {
+                                  at::Tensor i = hi[0], o = ho[0];
+                                  std::vector<int64_t> os = outputSplits, is = inputSplits;
+                                  return alltoall_base(o, i, os, is, opts);
+                                }))
+      return *w;
+  } else if (input.is_cuda() || output.is_cuda()) {  // the CUDA routing builds closures: test the device first
+    bool even = outputSplits.empty() && inputSplits.empty() && input.numel() == output.numel() &&
+                input.numel() % size_ == 0 && input.scalar_type() == output.scalar_type();
     if (auto w = tryCuda(op, c10d::OpType::ALLTOALL_BASE, {input}, {output},
                          [&](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
                            at::Tensor o = ho[0], i = hi[0];
@@ -229,7 +242,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::alltoall_base(at::Tensor& outp
   auto outSplits = rowSplits(output, outputSplits, size_, op, rank_, "output");
   at::Tensor in = input.contiguous();
   Staged out(output);
-  return enqueue(c10d::OpType::ALLTOALL_BASE, {output}, [this, in, out, inSplits, outSplits, op] {
+  return submit(c10d::OpType::ALLTOALL_BASE, {output}, [this, in, out, inSplits, outSplits, op] {
     AllToAllBlocks b;
     rowBlocks(in, inSplits, b.in, b.sendBytes);
     rowBlocks(out.work, outSplits, b.out, b.recvBytes);
@@ -241,19 +254,30 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::alltoall_base(at::Tensor& outp
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::alltoall(std::vector<at::Tensor>& outputs,
                                                            std::vector<at::Tensor>& userInputs,
                                                            const c10d::AllToAllOptions& opts) {
-  if (span_) return span_->alltoall(outputs, userInputs, opts);
   const char* op = "all_to_all";
   std::vector<at::Tensor> inputs;
   for (const auto& t : userInputs) inputs.push_back(readableWhileWriting(t, outputs));
-  if (auto w = tryCuda(op, c10d::OpType::ALLTOALL, inputs, outputs,
-                       [&](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
-                         std::vector<at::Tensor> i = hi, o = ho;
-                         alltoall(o, i, opts);
-                       }))
+  auto checkCounts = [&] {
+    TORCH_CHECK(static_cast<int>(inputs.size()) == size_ && static_cast<int>(outputs.size()) == size_,
+                "hoccl ", op, " on rank ", rank_, ": needs ", size_, " input and output tensors, got ",
+                inputs.size(), " and ", outputs.size());
+  };
+  if (span_) {
+    checkCounts();
+    if (auto w = span_->viaHost(op, c10d::OpType::ALLTOALL, inputs, outputs,
+                                [this, opts](const Tensors& hi, const Tensors& ho) {
+                                  Tensors i = hi, o = ho;
+                                  return alltoall(o, i, opts);
+                                }))
+      return *w;
+  } else if (auto w = tryCuda(op, c10d::OpType::ALLTOALL, inputs, outputs,
+                              [&](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
+                                std::vector<at::Tensor> i = hi, o = ho;
+                                alltoall(o, i, opts);
+                              })) {
     return *w;
-  TORCH_CHECK(static_cast<int>(inputs.size()) == size_ && static_cast<int>(outputs.size()) == size_,
-              "hoccl ", op, " on rank ", rank_, ": needs ", size_, " input and output tensors, got ",
-              inputs.size(), " and ", outputs.size());
+  }
+  checkCounts();
   std::vector<at::Tensor> ins;
   std::vector<Staged> outs;
   for (int r = 0; r < size_; ++r) {
@@ -265,7 +289,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::alltoall(std::vector<at::Tenso
     ins.push_back(inputs[r].contiguous());
     outs.emplace_back(outputs[r]);
   }
-  return enqueue(c10d::OpType::ALLTOALL, outputs, [this, ins, outs, op] {
+  return submit(c10d::OpType::ALLTOALL, outputs, [this, ins, outs, op] {
     AllToAllBlocks b;
     for (int r = 0; r < size_; ++r) {
       b.in.push_back(ptr(ins[r]));

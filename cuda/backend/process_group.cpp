@@ -93,6 +93,12 @@ void ProcessGroupHOCCL::abort() {
 
 void ProcessGroupHOCCL::abortWith(const std::string& reason) { group_->abort(reason); }
 
+c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::submit(c10d::OpType type, std::vector<at::Tensor> outputs,
+                                                         Body body, int64_t bytes, bool callerWaits) {
+  if (span_) return span_->enqueue(type, std::move(outputs), std::move(body), callerWaits);
+  return enqueue(type, std::move(outputs), std::move(body), bytes, callerWaits);
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::enqueue(c10d::OpType type, std::vector<at::Tensor> outputs,
                                                           Body body, int64_t bytes, bool callerWaits) {
   // A caller that blocks in wait() right after gains nothing from the worker thread and pays two

@@ -174,6 +174,10 @@ class ProcessGroupHOCCL : public c10d::Backend {
   // bytes = payload size.
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, std::vector<at::Tensor> outputs, Body body,
                                          int64_t bytes = INT64_MAX, bool callerWaits = false);
+  // enqueue() for an entry point that serves every host layout: a group spanning hosts queues by
+  // HostSpan's rule (its CUDA staging captures the body; no size threshold).
+  c10::intrusive_ptr<c10d::Work> submit(c10d::OpType type, std::vector<at::Tensor> outputs, Body body,
+                                        int64_t bytes, bool callerWaits);
   void runCollective(Collective& c);
   void runPlan(Collective& c, const std::shared_ptr<const Plan>& plan);
   void runAllToAll(Collective& c);

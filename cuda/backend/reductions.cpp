@@ -54,8 +54,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allreduceSparse(std::vector<at
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
-  if (span_) return span_->allreduce_coalesced(tensors, opts);
-  if (anyCuda(tensors)) {
+  const char* name = "allreduce_coalesced";
+  if (span_) {
+    if (auto w = span_->viaHost(name, c10d::OpType::ALLREDUCE_COALESCED, tensors, tensors,
+                                [this, opts](const std::vector<at::Tensor>&, const std::vector<at::Tensor>& outs) {
+                                  std::vector<at::Tensor> v = outs;
+                                  return allreduce_coalesced(v, opts);
+                                }))
+      return *w;
+  } else if (anyCuda(tensors)) {
     std::vector<c10::intrusive_ptr<c10d::Work>> works;
     for (auto& t : tensors) {
       std::vector<at::Tensor> v{t};
@@ -64,16 +71,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allreduce_coalesced(
     return c10::make_intrusive<WorkGroupHOCCL>(rank_, std::move(works));
   }
   double factor;
-  RedOp op = toRedOp(opts.reduceOp, &factor, "allreduce_coalesced");
+  RedOp op = toRedOp(opts.reduceOp, &factor, name);
   std::vector<Staged> staged;
   for (auto& t : tensors) {
-    checkTensor(t, "allreduce_coalesced", rank_);
-    checkReduceArgs(t, op, "allreduce_coalesced", rank_);
+    checkTensor(t, name, rank_);
+    checkReduceArgs(t, op, name, rank_);
     staged.emplace_back(t);
   }
-  return enqueue(c10d::OpType::ALLREDUCE_COALESCED, tensors, [this, staged, op, factor] {
+  return submit(c10d::OpType::ALLREDUCE_COALESCED, tensors, [this, staged, op, factor, name] {
     for (const auto& s : staged) {
-      allreduceTensor(s.work, op, factor);
+      if (span_) span_->allreduceTensor(name, c10d::OpType::ALLREDUCE_COALESCED, s.work, op, factor);
+      else allreduceTensor(s.work, op, factor);
       s.writeBack();
     }
   }, INT64_MAX, !opts.asyncOp);

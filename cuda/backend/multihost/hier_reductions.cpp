@@ -66,10 +66,14 @@ c10::intrusive_ptr<c10d::Work> HostSpan::allreduce(std::vector<at::Tensor>& tens
   checkReduceArgs(tensors[0], op, "all_reduce", rank_);
   Staged s(tensors[0]);
   return enqueue(c10d::OpType::ALLREDUCE, tensors, [this, s, op, factor] {
-    agreeOnRail("all_reduce", reductionSignature(c10d::OpType::ALLREDUCE, s.work, op));
-    allreduceFlat("all_reduce", reducible(s.work).view(-1), op, factor);
+    allreduceTensor("all_reduce", c10d::OpType::ALLREDUCE, s.work, op, factor);
     s.writeBack();
   }, !opts.asyncOp);
+}
+
+void HostSpan::allreduceTensor(const char* op, c10d::OpType kind, const at::Tensor& t, RedOp redOp, double factor) {
+  agreeOnRail(op, reductionSignature(kind, t, redOp));
+  allreduceFlat(op, reducible(t).view(-1), redOp, factor);
 }
 
 // The same steps as on one host (sparse_allreduce.h), over this group's all_gather. The first
@@ -88,31 +92,6 @@ c10::intrusive_ptr<c10d::Work> HostSpan::allreduceSparse(const at::Tensor& t, Re
       allgatherFlat("all_reduce", bytes, byteOuts);
     });
   });
-}
-
-c10::intrusive_ptr<c10d::Work> HostSpan::allreduce_coalesced(std::vector<at::Tensor>& tensors,
-                                                                   const c10d::AllreduceCoalescedOptions& opts) {
-  if (auto w = viaHost("allreduce_coalesced", c10d::OpType::ALLREDUCE_COALESCED, tensors, tensors,
-                       [this, opts](const Tensors&, const Tensors& outs) {
-                         Tensors v = outs;
-                         return allreduce_coalesced(v, opts);
-                       }))
-    return *w;
-  double factor;
-  RedOp op = toRedOp(opts.reduceOp, &factor, "allreduce_coalesced");
-  std::vector<Staged> staged;
-  for (auto& t : tensors) {
-    checkHostTensor(t, "allreduce_coalesced", rank_);
-    checkReduceArgs(t, op, "allreduce_coalesced", rank_);
-    staged.emplace_back(t);
-  }
-  return enqueue(c10d::OpType::ALLREDUCE_COALESCED, tensors, [this, staged, op, factor] {
-    for (const auto& s : staged) {
-      agreeOnRail("allreduce_coalesced", reductionSignature(c10d::OpType::ALLREDUCE_COALESCED, s.work, op));
-      allreduceFlat("allreduce_coalesced", reducible(s.work).view(-1), op, factor);
-      s.writeBack();
-    }
-  }, !opts.asyncOp);
 }
 
 // The root gets the all-reduced value; other ranks keep their input.

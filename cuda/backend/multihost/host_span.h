@@ -74,8 +74,6 @@ class HostSpan {
                                            const c10d::BroadcastOptions& opts);
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts);
-  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
-      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts);
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
                                         const c10d::ReduceOptions& opts);
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -103,27 +101,20 @@ class HostSpan {
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::ReduceScatterOptions& opts);
-  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
-                                               std::vector<int64_t>& outputSplits,
-                                               std::vector<int64_t>& inputSplits,
-                                               const c10d::AllToAllOptions& opts);
-  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
-                                          std::vector<at::Tensor>& inputs,
-                                          const c10d::AllToAllOptions& opts);
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag);
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag);
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag);
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts);
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks);
 
- private:
+  // For the group's entry points that serve every host layout (all_to_all, allreduce_coalesced):
+  // they check the arguments, then queue, stage and run through these.
   using Body = std::function<void()>;
   // On the group's queue. callerWaits: the caller blocks in wait() right after (a synchronous
   // op): with nothing queued or running, and while the ranks spin, the body runs on the caller's
   // thread.
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, std::vector<at::Tensor> outputs, Body body,
                                          bool callerWaits = false);
-
   // CUDA tensors (cuda_staging.cpp): D2H into pinned host mirrors on the comm stream, the CPU op
   // (`call`, given the mirrors in the order of `inputs` and `outputs`) over them, H2D back.
   // None when no tensor is on a GPU; the op's own checks raise on the caller's thread.
@@ -132,6 +123,12 @@ class HostSpan {
   std::optional<c10::intrusive_ptr<c10d::Work>> viaHost(const char* op, c10d::OpType type,
                                                         const std::vector<at::Tensor>& inputs,
                                                         const std::vector<at::Tensor>& outputs, HostCall call);
+  // One tensor all-reduced across hosts, its arguments agreed first (worker thread).
+  void allreduceTensor(const char* op, c10d::OpType kind, const at::Tensor& t, RedOp redOp, double factor);
+  // all_to_all of these blocks as one plan across hosts (worker thread).
+  void alltoallBlocks(const ProcessGroupHOCCL::AllToAllBlocks& blocks, const char* op);
+
+ private:
   // A recv from any source, on the host's shared memory and the network at once (hier_send_recv.cpp).
   c10::intrusive_ptr<c10d::Work> anySource(const at::Tensor& t, int tag);
   // send/recv of a CUDA tensor through a pinned host mirror; none for a CPU tensor.
@@ -176,10 +173,8 @@ class HostSpan {
   void allgatherRails(const char* op, const at::Tensor& inBytes, const std::vector<at::Tensor>& outBytes);
   void reduceScatterFlat(const char* op, const std::vector<at::Tensor>& inputs, const at::Tensor& out,
                          RedOp redOp, double factor);
-  void alltoallBytes(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs, const char* op);
-  // all_to_all as one plan across hosts; the split exchange is a plan too.
-  void alltoallPlanned(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs, const char* op,
-                       const std::vector<int64_t>& sendBytes, const std::vector<int64_t>& recvBytes);
+  // all_to_all by the gathered split matrix; the split exchange is a plan too.
+  void alltoallPlanned(const ProcessGroupHOCCL::AllToAllBlocks& blocks, const char* op);
   SplitMatrix exchangeSplitsPlanned(const char* op, const std::vector<int64_t>& sendBytes,
                                     const std::vector<int64_t>& recvBytes);
   // A gloo tag for one op's point-to-point transfers (global or rail group), above the tags

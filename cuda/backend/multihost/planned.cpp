@@ -34,26 +34,22 @@ SplitMatrix HostSpan::exchangeSplitsPlanned(const char* op, const std::vector<in
   return SplitMatrix::fromRows(rowOf);
 }
 
-void HostSpan::alltoallPlanned(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs,
-                                     const char* op, const std::vector<int64_t>& sendBytes,
-                                     const std::vector<int64_t>& recvBytes) {
-  const SplitMatrix m = exchangeSplitsPlanned(op, sendBytes, recvBytes);
+void HostSpan::alltoallPlanned(const ProcessGroupHOCCL::AllToAllBlocks& blocks, const char* op) {
+  const SplitMatrix m = exchangeSplitsPlanned(op, blocks.sendBytes, blocks.recvBytes);
   if (checkAcrossHosts_) checkSplits(op, m);
   ProcessGroupHOCCL::HostsOp o{op, OpKind::AllToAll};
   TransferPhase pairs;
   for (int s = 0; s < size_; ++s)
     for (int d = 0; d < size_; ++d) pairs.push_back({s, d, m.at(s, d)});
   o.phases = {std::move(pairs)};
-  for (int r = 0; r < size_; ++r) {
-    o.in.push_back(ptr(ins[r]));
-    o.out.push_back(ptr(outs[r]));
-  }
+  o.in = blocks.in;
+  o.out = blocks.out;
   // Every rank's plan choices must agree: size the op by the whole exchange, as on one host.
   for (int64_t b : m.bytes) o.bytes += b;
   o.bytes /= size_;
   o.allToAllForm = alltoallChoice_;
-  o.sendBytes = sendBytes;  // which input blocks peers may read in place (huge pages)
-  o.recvBytes = recvBytes;
+  o.sendBytes = blocks.sendBytes;  // which input blocks peers may read in place (huge pages)
+  o.recvBytes = blocks.recvBytes;
   planned(op, [&](ProcessGroupHOCCL& host, int64_t tag) { host.runAcrossHosts(o, tag); });
   const bool relayed = pg_.planAlgorithm() == "alltoall/hosts-rail";
   setAlgorithm(relayed ? "multihost_rail" : "multihost_direct");
