@@ -4,31 +4,46 @@
 
 namespace hoccl {
 
+using Tensors = std::vector<at::Tensor>;
+
+// The entry points here serve every host layout: a group spanning hosts stages CUDA tensors
+// through host mirrors (HostSpan::viaHost) and runs the op as one plan across hosts.
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::broadcast(std::vector<at::Tensor>& tensors,
                                                             const c10d::BroadcastOptions& opts) {
-  if (span_) return span_->broadcast(tensors, opts);
   TORCH_CHECK(tensors.size() == 1, "hoccl broadcast on rank ", rank_, ": expects one tensor");
   checkRoot(static_cast<int>(opts.rootRank), size_, "broadcast", rank_);
-  if (auto w = tryCuda("broadcast", c10d::OpType::BROADCAST, tensors, tensors,
-                       [&](const std::vector<at::Tensor>&, const std::vector<at::Tensor>& ho) {
-                         std::vector<at::Tensor> v{ho[0]};
-                         broadcast(v, opts);
-                       },
-                       ceBroadcast(tensors[0], static_cast<int>(opts.rootRank))))
+  if (span_) {
+    if (auto w = span_->viaHost("broadcast", c10d::OpType::BROADCAST, tensors, tensors,
+                                [this, opts](const Tensors&, const Tensors& ho) {
+                                  Tensors v{ho[0]};
+                                  return broadcast(v, opts);
+                                }))
+      return *w;
+  } else if (auto w = tryCuda("broadcast", c10d::OpType::BROADCAST, tensors, tensors,
+                              [&](const std::vector<at::Tensor>&, const std::vector<at::Tensor>& ho) {
+                                std::vector<at::Tensor> v{ho[0]};
+                                broadcast(v, opts);
+                              },
+                              ceBroadcast(tensors[0], static_cast<int>(opts.rootRank)))) {
     return *w;
+  }
   checkTensor(tensors[0], "broadcast", rank_);
   Staged s(tensors[0]);
   int root = static_cast<int>(opts.rootRank);
-  return enqueue(c10d::OpType::BROADCAST, tensors, [this, s, root] {
-    Collective c{"broadcast"};
-    c.req.kind = OpKind::Broadcast;
-    c.req.root = root;
-    c.req.elemSize = s.work.element_size();
-    c.req.bytes = nbytes(s.work);
-    c.ctx.in = c.ctx.out = {ptr(s.work)};
-    c.ctx.dtype = s.work.scalar_type();
-    c.ctx.desc.numel = s.work.numel();
-    runCollective(c);
+  return submit(c10d::OpType::BROADCAST, tensors, [this, s, root] {
+    if (span_) {
+      span_->broadcastTensor(s.work, root);
+    } else {
+      Collective c{"broadcast"};
+      c.req.kind = OpKind::Broadcast;
+      c.req.root = root;
+      c.req.elemSize = s.work.element_size();
+      c.req.bytes = nbytes(s.work);
+      c.ctx.in = c.ctx.out = {ptr(s.work)};
+      c.ctx.dtype = s.work.scalar_type();
+      c.ctx.desc.numel = s.work.numel();
+      runCollective(c);
+    }
     s.writeBack();
   }, nbytes(tensors[0]), !opts.asyncOp);
 }
@@ -51,26 +66,41 @@ void ProcessGroupHOCCL::allgatherBlocks(const at::Tensor& input, const std::vect
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                             std::vector<at::Tensor>& inputs,
                                                             const c10d::AllgatherOptions& opts) {
-  if (span_) return span_->allgather(outputs, inputs, opts);
   TORCH_CHECK(inputs.size() == 1 && outputs.size() == 1, "hoccl all_gather on rank ", rank_,
               ": expects one input and one output list");
-  if (auto w = tryCuda("all_gather", c10d::OpType::ALLGATHER, inputs, outputs[0],
-                       [&](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
-                         std::vector<std::vector<at::Tensor>> o{ho};
-                         std::vector<at::Tensor> i{hi[0]};
-                         allgather(o, i, c10d::AllgatherOptions());
-                       }))
+  auto checkCount = [&] {
+    TORCH_CHECK(static_cast<int>(outputs[0].size()) == size_, "hoccl all_gather on rank ", rank_,
+                ": output list has ", outputs[0].size(), " tensors but the group has ", size_, " ranks");
+  };
+  if (span_) {
+    checkCount();
+    if (auto w = span_->viaHost("all_gather", c10d::OpType::ALLGATHER, inputs, outputs[0],
+                                [this, opts](const Tensors& hi, const Tensors& ho) {
+                                  std::vector<Tensors> o{ho};
+                                  Tensors i = hi;
+                                  return allgather(o, i, opts);
+                                }))
+      return *w;
+  } else if (auto w = tryCuda("all_gather", c10d::OpType::ALLGATHER, inputs, outputs[0],
+                              [&](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
+                                std::vector<std::vector<at::Tensor>> o{ho};
+                                std::vector<at::Tensor> i{hi[0]};
+                                allgather(o, i, c10d::AllgatherOptions());
+                              })) {
     return *w;
+  }
   checkTensor(inputs[0], "all_gather", rank_);
-  TORCH_CHECK(static_cast<int>(outputs[0].size()) == size_, "hoccl all_gather on rank ", rank_,
-              ": output list has ", outputs[0].size(), " tensors but the group has ", size_, " ranks");
+  checkCount();
   for (auto& t : outputs[0]) {
     checkTensor(t, "all_gather", rank_);
     checkSameAs(t, inputs[0], "all_gather", rank_, "an output tensor");
   }
-  at::Tensor in = inputs[0].contiguous();
-  return enqueue(c10d::OpType::ALLGATHER, outputs[0], [this, in, outs = outputs[0]] { allgatherOnHost(outs, in); },
-                 nbytes(inputs[0]) * size_, !opts.asyncOp);
+  // Across hosts the input may cross while outputs are written: a copy where it overlaps one.
+  at::Tensor in = (span_ ? readableWhileWriting(inputs[0], outputs[0]) : inputs[0]).contiguous();
+  return submit(c10d::OpType::ALLGATHER, outputs[0], [this, in, outs = outputs[0]] {
+    if (span_) span_->allgatherTensors("all_gather", in, outs);
+    else allgatherOnHost(outs, in);
+  }, nbytes(inputs[0]) * size_, !opts.asyncOp);
 }
 
 void ProcessGroupHOCCL::allgatherOnHost(const std::vector<at::Tensor>& outputs, const at::Tensor& input) {
@@ -83,36 +113,44 @@ void ProcessGroupHOCCL::allgatherOnHost(const std::vector<at::Tensor>& outputs, 
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                   const c10d::AllgatherOptions& opts) {
-  if (span_) return span_->_allgather_base(output, input, opts);
-  if (auto w = tryCuda("all_gather_into_tensor", c10d::OpType::_ALLGATHER_BASE, {input}, {output},
-                       [&](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
-                         at::Tensor o = ho[0], i = hi[0];
-                         _allgather_base(o, i, opts);
-                       },
-                       output.numel() == input.numel() * size_ && output.scalar_type() == input.scalar_type()
-                           ? ceAllGather(output, input) : nullptr))
+  const char* op = "all_gather_into_tensor";
+  if (span_) {
+    if (auto w = span_->viaHost(op, c10d::OpType::_ALLGATHER_BASE, {input}, {output},
+                                [this, opts](const Tensors& hi, const Tensors& ho) {
+                                  at::Tensor i = hi[0], o = ho[0];
+                                  return _allgather_base(o, i, opts);
+                                }))
+      return *w;
+  } else if (auto w = tryCuda(op, c10d::OpType::_ALLGATHER_BASE, {input}, {output},
+                              [&](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
+                                at::Tensor o = ho[0], i = hi[0];
+                                _allgather_base(o, i, opts);
+                              },
+                              output.numel() == input.numel() * size_ && output.scalar_type() == input.scalar_type()
+                                  ? ceAllGather(output, input) : nullptr)) {
     return *w;
-  checkTensor(input, "all_gather_into_tensor", rank_);
-  checkTensor(output, "all_gather_into_tensor", rank_);
-  TORCH_CHECK(output.scalar_type() == input.scalar_type(), "hoccl all_gather_into_tensor on rank ", rank_,
+  }
+  checkTensor(input, op, rank_);
+  checkTensor(output, op, rank_);
+  TORCH_CHECK(output.scalar_type() == input.scalar_type(), "hoccl ", op, " on rank ", rank_,
               ": output dtype ", output.scalar_type(), " differs from input dtype ", input.scalar_type());
-  TORCH_CHECK(output.numel() == input.numel() * size_, "hoccl all_gather_into_tensor on rank ", rank_,
+  TORCH_CHECK(output.numel() == input.numel() * size_, "hoccl ", op, " on rank ", rank_,
               ": output has ", output.numel(), " elements but must have world_size x input = ",
               input.numel() * size_);
   Staged out(output);
-  at::Tensor in = input.contiguous();
-  return enqueue(c10d::OpType::_ALLGATHER_BASE, {output}, [this, in, out] {
+  at::Tensor in = (span_ ? readableWhileWriting(input, {output}) : input).contiguous();
+  return submit(c10d::OpType::_ALLGATHER_BASE, {output}, [this, in, out, op] {
     auto flat = out.work.view({-1});
     std::vector<at::Tensor> blocks;
     for (int r = 0; r < size_; ++r) blocks.push_back(flat.narrow(0, r * in.numel(), in.numel()));
-    allgatherBlocks(in, blocks, OpKind::AllGather, 0);
+    if (span_) span_->allgatherTensors(op, in, blocks);
+    else allgatherBlocks(in, blocks, OpKind::AllGather, 0);
     out.writeBack();
   }, nbytes(output), !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allgather_into_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
-  if (span_) return span_->allgather_into_tensor_coalesced(outputs, inputs, opts);
   TORCH_CHECK(outputs.size() == inputs.size(), "hoccl allgather_into_tensor_coalesced on rank ", rank_,
               ": ", outputs.size(), " outputs for ", inputs.size(), " inputs");
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
@@ -123,7 +161,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allgather_into_tensor_coalesce
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& outputLists, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
-  if (span_) return span_->allgather_coalesced(outputLists, inputs, opts);
   // outputLists[r][i] receives rank r's inputs[i].
   TORCH_CHECK(static_cast<int>(outputLists.size()) == size_, "hoccl allgather_coalesced on rank ", rank_,
               ": ", outputLists.size(), " output lists for a group of ", size_, " ranks");

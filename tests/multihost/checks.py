@@ -85,6 +85,15 @@ def check_data_movement(pg, rank: int, world: int) -> int:
                 pg.broadcast([t], _opts(dist.BroadcastOptions, rootRank=root)).wait()
                 assert_close(t, inputs[root], f"broadcast from {root} {dtype} x{numel} on rank {rank}")
             done += 4
+    # the coalesced form: output_lists[r][i] receives rank r's inputs[i] (gloo's layout)
+    shapes = [(33, torch.float32), (7, torch.int16)]
+    mine = [make_input(rank, 40 + i, n, dt) for i, (n, dt) in enumerate(shapes)]
+    lists = [[torch.empty(n, dtype=dt) for n, dt in shapes] for _ in range(world)]
+    pg.allgather_coalesced(lists, mine).wait()
+    for r in range(world):
+        for i, (n, dt) in enumerate(shapes):
+            assert_close(lists[r][i], make_input(r, 40 + i, n, dt), f"allgather_coalesced {i} from {r} on rank {rank}")
+    done += 1
     root = world - 1
     inputs = [make_input(r, 5, 1001, torch.int64) for r in range(world)]
     gathered = [torch.empty(1001, dtype=torch.int64) for _ in range(world)] if rank == root else []

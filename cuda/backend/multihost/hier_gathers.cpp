@@ -98,104 +98,18 @@ void HostSpan::allgatherFlat(const char* op, const at::Tensor& in, const std::ve
   planned(op, [&](ProcessGroupHOCCL& host, int64_t tag) { host.runAcrossHosts(o, tag); });
 }
 
-c10::intrusive_ptr<c10d::Work> HostSpan::broadcast(std::vector<at::Tensor>& tensors,
-                                                         const c10d::BroadcastOptions& opts) {
-  TORCH_CHECK(tensors.size() == 1, "hoccl broadcast on rank ", rank_, ": expects one tensor, got ", tensors.size());
-  if (auto w = viaHost("broadcast", c10d::OpType::BROADCAST, tensors, tensors,
-                       [this, opts](const Tensors&, const Tensors& outs) {
-                         Tensors v{outs[0]};
-                         return broadcast(v, opts);
-                       }))
-    return *w;
-  checkMultiHostTensor(tensors[0], "broadcast", rank_);
-  const int root = static_cast<int>(opts.rootRank);
-  checkRoot(root, size_, "broadcast", rank_);
-  Staged s(tensors[0]);
-  return enqueue(c10d::OpType::BROADCAST, tensors, [this, s, root] {
-    agreeOnRail("broadcast", bytesSignature(c10d::OpType::BROADCAST, s.work, root));
-    broadcastFlat("broadcast", legs::bytesOf(s.work), root);
-    s.writeBack();
-  }, !opts.asyncOp);
+void HostSpan::broadcastTensor(const at::Tensor& t, int root) {
+  agreeOnRail("broadcast", bytesSignature(c10d::OpType::BROADCAST, t, root));
+  broadcastFlat("broadcast", legs::bytesOf(t), root);
 }
 
-c10::intrusive_ptr<c10d::Work> HostSpan::allgather(std::vector<std::vector<at::Tensor>>& outputs,
-                                                         std::vector<at::Tensor>& inputs,
-                                                         const c10d::AllgatherOptions& opts) {
-  TORCH_CHECK(inputs.size() == 1 && outputs.size() == 1, "hoccl all_gather on rank ", rank_,
-              ": expects one input and one output list");
-  TORCH_CHECK((int)outputs[0].size() == size_, "hoccl all_gather on rank ", rank_, ": expects ", size_,
-              " outputs, got ", outputs[0].size());
-  if (auto w = viaHost("all_gather", c10d::OpType::ALLGATHER, inputs, outputs[0],
-                       [this, opts](const Tensors& ins, const Tensors& outs) {
-                         std::vector<Tensors> o{outs};
-                         Tensors i = ins;
-                         return allgather(o, i, opts);
-                       }))
-    return *w;
-  checkMultiHostTensor(inputs[0], "all_gather", rank_);
-  std::vector<Staged> staged;
-  for (auto& o : outputs[0]) {
-    checkMultiHostTensor(o, "all_gather", rank_);
-    checkSameAs(o, inputs[0], "all_gather", rank_, "an output");
-    staged.emplace_back(o);
-  }
-  at::Tensor in = readableWhileWriting(inputs[0], outputs[0]).contiguous();
-  return enqueue(c10d::OpType::ALLGATHER, outputs[0], [this, staged, in] {
-    agreeOnRail("all_gather", bytesSignature(c10d::OpType::ALLGATHER, in));
-    std::vector<at::Tensor> outs;
-    for (const auto& s : staged) outs.push_back(legs::bytesOf(s.work));
-    allgatherFlat("all_gather", legs::bytesOf(in), outs);
-    for (const auto& s : staged) s.writeBack();
-  }, !opts.asyncOp);
-}
-
-c10::intrusive_ptr<c10d::Work> HostSpan::_allgather_base(at::Tensor& output, at::Tensor& input,
-                                                               const c10d::AllgatherOptions& opts) {
-  if (auto w = viaHost("all_gather_into_tensor", c10d::OpType::_ALLGATHER_BASE, {input}, {output},
-                       [this, opts](const Tensors& ins, const Tensors& outs) {
-                         at::Tensor i = ins[0], o = outs[0];
-                         return _allgather_base(o, i, opts);
-                       }))
-    return *w;
-  checkMultiHostTensor(input, "all_gather_into_tensor", rank_);
-  checkMultiHostTensor(output, "all_gather_into_tensor", rank_);
-  TORCH_CHECK(output.numel() == input.numel() * size_ && input.scalar_type() == output.scalar_type(),
-              "hoccl all_gather_into_tensor on rank ", rank_, ": the output has ", output.numel(), " ",
-              output.scalar_type(), " elements; expected ", size_, " x the input's ", input.numel(), " ",
-              input.scalar_type());
-  Staged s(output);
-  at::Tensor in = readableWhileWriting(input, {output}).contiguous();
-  return enqueue(c10d::OpType::_ALLGATHER_BASE, {output}, [this, s, in] {
-    agreeOnRail("all_gather_into_tensor", bytesSignature(c10d::OpType::ALLGATHER, in));
-    at::Tensor bytes = legs::bytesOf(s.work);
-    const int64_t n = legs::bytesOf(in).numel();
-    std::vector<at::Tensor> outs;
-    for (int r = 0; r < size_; ++r) outs.push_back(bytes.narrow(0, r * n, n));
-    allgatherFlat("all_gather_into_tensor", legs::bytesOf(in), outs);
-    s.writeBack();
-  }, !opts.asyncOp);
-}
-
-c10::intrusive_ptr<c10d::Work> HostSpan::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputLists,
-                                                                   std::vector<at::Tensor>& inputs,
-                                                                   const c10d::AllgatherOptions& opts) {
-  TORCH_CHECK(outputLists.size() == inputs.size(), "hoccl allgather_coalesced on rank ", rank_, ": ",
-              outputLists.size(), " output lists for ", inputs.size(), " inputs");
-  std::vector<c10::intrusive_ptr<c10d::Work>> works;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    std::vector<std::vector<at::Tensor>> outs{outputLists[i]};
-    std::vector<at::Tensor> ins{inputs[i]};
-    works.push_back(allgather(outs, ins, opts));
-  }
-  return c10::make_intrusive<WorkGroupHOCCL>(rank_, std::move(works));
-}
-
-c10::intrusive_ptr<c10d::Work> HostSpan::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
-                                                                               std::vector<at::Tensor>& inputs,
-                                                                               const c10d::AllgatherOptions& opts) {
-  std::vector<c10::intrusive_ptr<c10d::Work>> works;
-  for (size_t i = 0; i < outputs.size(); ++i) works.push_back(_allgather_base(outputs[i], inputs[i], opts));
-  return c10::make_intrusive<WorkGroupHOCCL>(rank_, std::move(works));
+void HostSpan::allgatherTensors(const char* op, const at::Tensor& in, const std::vector<at::Tensor>& outputs) {
+  agreeOnRail(op, bytesSignature(c10d::OpType::ALLGATHER, in));
+  std::vector<Staged> staged(outputs.begin(), outputs.end());
+  std::vector<at::Tensor> outs;
+  for (const auto& s : staged) outs.push_back(legs::bytesOf(s.work));
+  allgatherFlat(op, legs::bytesOf(in), outs);
+  for (const auto& s : staged) s.writeBack();
 }
 
 c10::intrusive_ptr<c10d::Work> HostSpan::gather(std::vector<std::vector<at::Tensor>>& outputs,

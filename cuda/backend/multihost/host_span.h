@@ -70,23 +70,10 @@ class HostSpan {
   // The network engine for plans across hosts: gloo, on the framed engine user send/recv use.
   NetTransport* net() const { return net_.get(); }
 
-  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
-                                           const c10d::BroadcastOptions& opts);
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts);
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
                                         const c10d::ReduceOptions& opts);
-  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
-                                           std::vector<at::Tensor>& inputs,
-                                           const c10d::AllgatherOptions& opts);
-  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
-                                                 const c10d::AllgatherOptions& opts);
-  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
-      std::vector<std::vector<at::Tensor>>& outputLists, std::vector<at::Tensor>& inputs,
-      const c10d::AllgatherOptions& opts);
-  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
-      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-      const c10d::AllgatherOptions& opts);
   c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
                                         std::vector<at::Tensor>& inputs,
                                         const c10d::GatherOptions& opts);
@@ -107,8 +94,8 @@ class HostSpan {
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts);
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks);
 
-  // For the group's entry points that serve every host layout (all_to_all, allreduce_coalesced):
-  // they check the arguments, then queue, stage and run through these.
+  // For the group's entry points that serve every host layout (all_to_all, all_gather, broadcast,
+  // allreduce_coalesced): they check the arguments, then queue, stage and run through these.
   using Body = std::function<void()>;
   // On the group's queue. callerWaits: the caller blocks in wait() right after (a synchronous
   // op): with nothing queued or running, and while the ranks spin, the body runs on the caller's
@@ -123,6 +110,10 @@ class HostSpan {
   std::optional<c10::intrusive_ptr<c10d::Work>> viaHost(const char* op, c10d::OpType type,
                                                         const std::vector<at::Tensor>& inputs,
                                                         const std::vector<at::Tensor>& outputs, HostCall call);
+  // Worker thread, arguments agreed across hosts first: a contiguous tensor broadcast; `in`
+  // gathered into `outputs` (one per rank, any layout).
+  void broadcastTensor(const at::Tensor& t, int root);
+  void allgatherTensors(const char* op, const at::Tensor& in, const std::vector<at::Tensor>& outputs);
   // One tensor all-reduced across hosts, its arguments agreed first (worker thread).
   void allreduceTensor(const char* op, c10d::OpType kind, const at::Tensor& t, RedOp redOp, double factor);
   // all_to_all of these blocks as one plan across hosts (worker thread).
