@@ -73,7 +73,7 @@ void ProcessGroupHOCCL::allreduceNow(const at::Tensor& tensor, const c10d::Reduc
     c10d::AllreduceOptions opts;
     opts.reduceOp = reduceOp;
     opts.asyncOp = false;
-    span_->allreduce(tensors, opts)->wait();
+    allreduce(tensors, opts)->wait();
     return;
   }
   TORCH_CHECK(tensor.device().is_cpu() && tensor.layout() == at::kStrided, "hoccl all_reduce_ on rank ",

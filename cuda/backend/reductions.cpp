@@ -20,15 +20,23 @@ void ProcessGroupHOCCL::allreduceTensor(const at::Tensor& t, RedOp op, double fa
   runCollective(c);
 }
 
+// The entry points here serve every host layout: a group spanning hosts stages CUDA tensors
+// through host mirrors (HostSpan::viaHost) and runs the op as one plan across hosts, its
+// arguments agreed across hosts first.
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allreduce(std::vector<at::Tensor>& tensors,
                                                             const c10d::AllreduceOptions& opts) {
-  if (span_) return span_->allreduce(tensors, opts);
   TORCH_CHECK(tensors.size() == 1, "hoccl all_reduce on rank ", rank_, ": expects one tensor, got ", tensors.size());
   double factor;
   RedOp op = toRedOp(opts.reduceOp, &factor, "all_reduce");
-  if (tensors[0].is_sparse()) return allreduceSparse(tensors, op);
-  // The CUDA routing builds closures: test the device first, this is the hottest entry point.
-  if (tensors[0].is_cuda()) {
+  if (tensors[0].layout() != at::kStrided) return allreduceSparse(tensors, op);
+  if (span_) {
+    if (auto w = span_->viaHost("all_reduce", c10d::OpType::ALLREDUCE, tensors, tensors,
+                                [this, opts](const std::vector<at::Tensor>&, const std::vector<at::Tensor>& ho) {
+                                  std::vector<at::Tensor> v{ho[0]};
+                                  return allreduce(v, opts);
+                                }))
+      return *w;
+  } else if (tensors[0].is_cuda()) {  // the CUDA routing builds closures: test the device first
     if (auto w = tryCuda("all_reduce", c10d::OpType::ALLREDUCE, tensors, tensors,
                          [&](const std::vector<at::Tensor>&, const std::vector<at::Tensor>& ho) {
                            std::vector<at::Tensor> v{ho[0]};
@@ -40,8 +48,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allreduce(std::vector<at::Tens
   checkTensor(tensors[0], "all_reduce", rank_);
   checkReduceArgs(tensors[0], op, "all_reduce", rank_);
   Staged s(tensors[0]);
-  return enqueue(c10d::OpType::ALLREDUCE, tensors, [this, s, op, factor] {
-    allreduceTensor(s.work, op, factor);
+  return submit(c10d::OpType::ALLREDUCE, tensors, [this, s, op, factor] {
+    if (span_) span_->allreduceTensor("all_reduce", c10d::OpType::ALLREDUCE, s.work, op, factor);
+    else allreduceTensor(s.work, op, factor);
     s.writeBack();
   }, nbytes(tensors[0]), !opts.asyncOp);
 }
@@ -49,6 +58,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allreduce(std::vector<at::Tens
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allreduceSparse(std::vector<at::Tensor>& tensors, RedOp op) {
   const at::Tensor& t = tensors[0];
   checkSparseAllreduce(t, op, rank_);
+  if (span_) return span_->allreduceSparse(t, op);
   return enqueue(c10d::OpType::ALLREDUCE, tensors, [this, t, op] { runSparseAllreduce(t, op); });
 }
 
@@ -87,16 +97,24 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allreduce_coalesced(
   }, INT64_MAX, !opts.asyncOp);
 }
 
+// The root gets the reduced value; other ranks keep their input.
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::reduce(std::vector<at::Tensor>& tensors,
                                                          const c10d::ReduceOptions& opts) {
-  if (span_) return span_->reduce(tensors, opts);
   TORCH_CHECK(tensors.size() == 1, "hoccl reduce on rank ", rank_, ": expects one tensor");
-  if (auto w = tryCuda("reduce", c10d::OpType::REDUCE, tensors, tensors,
-                       [&](const std::vector<at::Tensor>&, const std::vector<at::Tensor>& ho) {
-                         std::vector<at::Tensor> v{ho[0]};
-                         reduce(v, opts);
-                       }))
+  if (span_) {
+    if (auto w = span_->viaHost("reduce", c10d::OpType::REDUCE, tensors, tensors,
+                                [this, opts](const std::vector<at::Tensor>&, const std::vector<at::Tensor>& ho) {
+                                  std::vector<at::Tensor> v{ho[0]};
+                                  return reduce(v, opts);
+                                }))
+      return *w;
+  } else if (auto w = tryCuda("reduce", c10d::OpType::REDUCE, tensors, tensors,
+                              [&](const std::vector<at::Tensor>&, const std::vector<at::Tensor>& ho) {
+                                std::vector<at::Tensor> v{ho[0]};
+                                reduce(v, opts);
+                              })) {
     return *w;
+  }
   checkTensor(tensors[0], "reduce", rank_);
   checkRoot(static_cast<int>(opts.rootRank), size_, "reduce", rank_);
   double factor;
@@ -104,7 +122,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::reduce(std::vector<at::Tensor>
   checkReduceArgs(tensors[0], op, "reduce", rank_);
   Staged s(tensors[0]);
   int root = static_cast<int>(opts.rootRank);
-  return enqueue(c10d::OpType::REDUCE, tensors, [this, s, root, op, factor] {
+  return submit(c10d::OpType::REDUCE, tensors, [this, s, root, op, factor] {
+    if (span_) {
+      span_->reduceTensor(s.work, root, op, factor);
+      if (root == rank_) s.writeBack();
+      return;
+    }
     const at::Tensor t = reducible(s.work);
     Collective c{"reduce"};
     c.req.kind = OpKind::Reduce;
@@ -123,6 +146,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::reduce(std::vector<at::Tensor>
 
 void ProcessGroupHOCCL::reduceScatterBlocks(const std::vector<at::Tensor>& inputs, const at::Tensor& out,
                                             RedOp op, double factor) {
+  if (span_) return span_->reduceScatterBlocks(inputs, out, op, factor);
   const at::Tensor output = reducible(out);
   Collective c{"reduce_scatter"};
   c.req.kind = OpKind::ReduceScatter;
@@ -140,19 +164,31 @@ void ProcessGroupHOCCL::reduceScatterBlocks(const std::vector<at::Tensor>& input
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                                  std::vector<std::vector<at::Tensor>>& inputs,
                                                                  const c10d::ReduceScatterOptions& opts) {
-  if (span_) return span_->reduce_scatter(outputs, inputs, opts);
   TORCH_CHECK(outputs.size() == 1 && inputs.size() == 1, "hoccl reduce_scatter on rank ", rank_,
               ": expects one output and one input list");
-  if (auto w = tryCuda("reduce_scatter", c10d::OpType::REDUCE_SCATTER, inputs[0], outputs,
-                       [&](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
-                         std::vector<std::vector<at::Tensor>> i{hi};
-                         std::vector<at::Tensor> o{ho[0]};
-                         reduce_scatter(o, i, opts);
-                       }))
+  auto checkCount = [&] {
+    TORCH_CHECK(static_cast<int>(inputs[0].size()) == size_, "hoccl reduce_scatter on rank ", rank_,
+                ": input list has ", inputs[0].size(), " tensors but the group has ", size_, " ranks");
+  };
+  if (span_) {
+    checkCount();
+    if (auto w = span_->viaHost("reduce_scatter", c10d::OpType::REDUCE_SCATTER, inputs[0], outputs,
+                                [this, opts](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
+                                  std::vector<at::Tensor> o = ho;
+                                  std::vector<std::vector<at::Tensor>> i{hi};
+                                  return reduce_scatter(o, i, opts);
+                                }))
+      return *w;
+  } else if (auto w = tryCuda("reduce_scatter", c10d::OpType::REDUCE_SCATTER, inputs[0], outputs,
+                              [&](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
+                                std::vector<std::vector<at::Tensor>> i{hi};
+                                std::vector<at::Tensor> o{ho[0]};
+                                reduce_scatter(o, i, opts);
+                              })) {
     return *w;
+  }
   checkTensor(outputs[0], "reduce_scatter", rank_);
-  TORCH_CHECK(static_cast<int>(inputs[0].size()) == size_, "hoccl reduce_scatter on rank ", rank_,
-              ": input list has ", inputs[0].size(), " tensors but the group has ", size_, " ranks");
+  checkCount();
   double factor;
   RedOp op = toRedOp(opts.reduceOp, &factor, "reduce_scatter");
   checkReduceArgs(outputs[0], op, "reduce_scatter", rank_);
@@ -163,7 +199,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::reduce_scatter(std::vector<at:
     ins.push_back(t.contiguous());
   }
   Staged out(outputs[0]);
-  return enqueue(c10d::OpType::REDUCE_SCATTER, outputs, [this, ins, out, op, factor] {
+  return submit(c10d::OpType::REDUCE_SCATTER, outputs, [this, ins, out, op, factor] {
     reduceScatterBlocks(ins, out.work, op, factor);
     out.writeBack();
   }, INT64_MAX, !opts.asyncOp);
@@ -171,13 +207,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::reduce_scatter(std::vector<at:
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                        const c10d::ReduceScatterOptions& opts) {
-  if (span_) return span_->_reduce_scatter_base(output, input, opts);
-  if (auto w = tryCuda("reduce_scatter_tensor", c10d::OpType::_REDUCE_SCATTER_BASE, {input}, {output},
-                       [&](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
-                         at::Tensor o = ho[0], i = hi[0];
-                         _reduce_scatter_base(o, i, opts);
-                       }))
+  if (span_) {
+    if (auto w = span_->viaHost("reduce_scatter_tensor", c10d::OpType::_REDUCE_SCATTER_BASE, {input}, {output},
+                                [this, opts](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
+                                  at::Tensor i = hi[0], o = ho[0];
+                                  return _reduce_scatter_base(o, i, opts);
+                                }))
+      return *w;
+  } else if (auto w = tryCuda("reduce_scatter_tensor", c10d::OpType::_REDUCE_SCATTER_BASE, {input}, {output},
+                              [&](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
+                                at::Tensor o = ho[0], i = hi[0];
+                                _reduce_scatter_base(o, i, opts);
+                              })) {
     return *w;
+  }
   checkTensor(input, "reduce_scatter_tensor", rank_);
   checkTensor(output, "reduce_scatter_tensor", rank_);
   TORCH_CHECK(output.scalar_type() == input.scalar_type(), "hoccl reduce_scatter_tensor on rank ", rank_,
@@ -190,7 +233,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::_reduce_scatter_base(at::Tenso
   checkReduceArgs(output, op, "reduce_scatter_tensor", rank_);
   at::Tensor in = input.contiguous().view({-1});
   Staged out(output);
-  return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, {output}, [this, in, out, op, factor] {
+  return submit(c10d::OpType::_REDUCE_SCATTER_BASE, {output}, [this, in, out, op, factor] {
     std::vector<at::Tensor> blocks;
     for (int r = 0; r < size_; ++r) blocks.push_back(in.narrow(0, r * out.work.numel(), out.work.numel()));
     reduceScatterBlocks(blocks, out.work, op, factor);
@@ -200,7 +243,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::_reduce_scatter_base(at::Tenso
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
-  if (span_) return span_->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
   TORCH_CHECK(outputs.size() == inputs.size(), "hoccl reduce_scatter_tensor_coalesced on rank ", rank_, ": ",
               outputs.size(), " outputs for ", inputs.size(), " inputs");
   std::vector<c10::intrusive_ptr<c10d::Work>> works;

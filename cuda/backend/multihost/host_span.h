@@ -70,24 +70,12 @@ class HostSpan {
   // The network engine for plans across hosts: gloo, on the framed engine user send/recv use.
   NetTransport* net() const { return net_.get(); }
 
-  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
-                                           const c10d::AllreduceOptions& opts);
-  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
-                                        const c10d::ReduceOptions& opts);
   c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
                                         std::vector<at::Tensor>& inputs,
                                         const c10d::GatherOptions& opts);
   c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
                                          std::vector<std::vector<at::Tensor>>& inputs,
                                          const c10d::ScatterOptions& opts);
-  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
-                                                std::vector<std::vector<at::Tensor>>& inputs,
-                                                const c10d::ReduceScatterOptions& opts);
-  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
-      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts);
-  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
-      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-      const c10d::ReduceScatterOptions& opts);
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag);
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag);
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag);
@@ -95,7 +83,7 @@ class HostSpan {
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks);
 
   // For the group's entry points that serve every host layout (all_to_all, all_gather, broadcast,
-  // allreduce_coalesced): they check the arguments, then queue, stage and run through these.
+  // the reductions): they check the arguments, then queue, stage and run through these.
   using Body = std::function<void()>;
   // On the group's queue. callerWaits: the caller blocks in wait() right after (a synchronous
   // op): with nothing queued or running, and while the ranks spin, the body runs on the caller's
@@ -114,8 +102,14 @@ class HostSpan {
   // gathered into `outputs` (one per rank, any layout).
   void broadcastTensor(const at::Tensor& t, int root);
   void allgatherTensors(const char* op, const at::Tensor& in, const std::vector<at::Tensor>& outputs);
-  // One tensor all-reduced across hosts, its arguments agreed first (worker thread).
+  // Reductions, worker thread, arguments agreed across hosts first (hier_reductions.cpp): one
+  // contiguous tensor all-reduced, or reduced to `root` (the others' tensors keep their values);
+  // contiguous blocks, one per rank, reduce-scattered into `out`.
   void allreduceTensor(const char* op, c10d::OpType kind, const at::Tensor& t, RedOp redOp, double factor);
+  void reduceTensor(const at::Tensor& t, int root, RedOp redOp, double factor);
+  void reduceScatterBlocks(const std::vector<at::Tensor>& inputs, const at::Tensor& out, RedOp redOp, double factor);
+  // Sparse COO, checked by the caller: the same steps as on one host over this group's all_gather.
+  c10::intrusive_ptr<c10d::Work> allreduceSparse(const at::Tensor& t, RedOp op);
   // all_to_all of these blocks as one plan across hosts (worker thread).
   void alltoallBlocks(const ProcessGroupHOCCL::AllToAllBlocks& blocks, const char* op);
 
@@ -127,7 +121,6 @@ class HostSpan {
   // While viaHost runs the CPU op on this thread, enqueue() hands the op's body here instead of
   // queueing it.
   bool captured(Body& body);
-  c10::intrusive_ptr<c10d::Work> allreduceSparse(const at::Tensor& t, RedOp op);  // sparse COO, hier_reductions.cpp
   void setAlgorithm(const char* name);
   void setAllToAllPhases(const SplitMatrix& m, AllToAllHostsForm form);
   // A send/recv work joins the coalesced group while coalescing (batch_isend_irecv waits that).
