@@ -183,18 +183,29 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allgather_coalesced(
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                          std::vector<at::Tensor>& inputs,
                                                          const c10d::GatherOptions& opts) {
-  if (span_) return span_->gather(outputs, inputs, opts);
   int root = static_cast<int>(opts.rootRank);
   checkRoot(root, size_, "gather", rank_);
   TORCH_CHECK(inputs.size() == 1, "hoccl gather on rank ", rank_, ": expects one input tensor");
-  if (auto w = tryCuda("gather", c10d::OpType::GATHER, inputs, outputs.empty() ? std::vector<at::Tensor>{} : outputs[0],
-                       [&](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
-                         std::vector<std::vector<at::Tensor>> o;
-                         if (!outputs.empty()) o.push_back(ho);
-                         std::vector<at::Tensor> i{hi[0]};
-                         gather(o, i, opts);
-                       }))
+  const bool noOutputs = outputs.empty();
+  const std::vector<at::Tensor> result = noOutputs ? std::vector<at::Tensor>{} : outputs[0];
+  if (span_) {
+    if (auto w = span_->viaHost("gather", c10d::OpType::GATHER, inputs, result,
+                                [this, opts, noOutputs](const Tensors& hi, const Tensors& ho) {
+                                  std::vector<Tensors> o;
+                                  if (!noOutputs) o.push_back(ho);
+                                  Tensors i = hi;
+                                  return gather(o, i, opts);
+                                }))
+      return *w;
+  } else if (auto w = tryCuda("gather", c10d::OpType::GATHER, inputs, result,
+                              [&](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
+                                std::vector<std::vector<at::Tensor>> o;
+                                if (!noOutputs) o.push_back(ho);
+                                std::vector<at::Tensor> i{hi[0]};
+                                gather(o, i, opts);
+                              })) {
     return *w;
+  }
   checkTensor(inputs[0], "gather", rank_);
   std::vector<Staged> outs;
   if (rank_ == root) {
@@ -209,12 +220,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::gather(std::vector<std::vector
     TORCH_CHECK(outputs.empty() || outputs[0].empty(), "hoccl gather on rank ", rank_,
                 ": only the root (rank ", root, ") may pass output tensors");
   }
-  at::Tensor in = inputs[0].contiguous();
-  std::vector<at::Tensor> result = outputs.empty() ? std::vector<at::Tensor>{} : outputs[0];
-  return enqueue(c10d::OpType::GATHER, result, [this, in, outs, root] {
+  // Across hosts the root's input may also be one of its outputs: a copy of it crosses.
+  at::Tensor in = span_ ? inputs[0].contiguous().clone() : inputs[0].contiguous();
+  return submit(c10d::OpType::GATHER, result, [this, in, outs, root] {
     std::vector<at::Tensor> o;
     for (auto& s : outs) o.push_back(s.work);
-    allgatherBlocks(in, o, OpKind::Gather, root);
+    if (span_) span_->gatherBlocks(in, o, root);
+    else allgatherBlocks(in, o, OpKind::Gather, root);
     for (auto& s : outs) s.writeBack();
   }, INT64_MAX, !opts.asyncOp);
 }
@@ -222,18 +234,29 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::gather(std::vector<std::vector
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::scatter(std::vector<at::Tensor>& outputs,
                                                           std::vector<std::vector<at::Tensor>>& inputs,
                                                           const c10d::ScatterOptions& opts) {
-  if (span_) return span_->scatter(outputs, inputs, opts);
   int root = static_cast<int>(opts.rootRank);
   checkRoot(root, size_, "scatter", rank_);
   TORCH_CHECK(outputs.size() == 1, "hoccl scatter on rank ", rank_, ": expects one output tensor");
-  if (auto w = tryCuda("scatter", c10d::OpType::SCATTER, inputs.empty() ? std::vector<at::Tensor>{} : inputs[0], outputs,
-                       [&](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
-                         std::vector<std::vector<at::Tensor>> i;
-                         if (!inputs.empty()) i.push_back(hi);
-                         std::vector<at::Tensor> o{ho[0]};
-                         scatter(o, i, opts);
-                       }))
+  const bool noInputs = inputs.empty();
+  const std::vector<at::Tensor> given = noInputs ? std::vector<at::Tensor>{} : inputs[0];
+  if (span_) {
+    if (auto w = span_->viaHost("scatter", c10d::OpType::SCATTER, given, outputs,
+                                [this, opts, noInputs](const Tensors& hi, const Tensors& ho) {
+                                  std::vector<Tensors> i;
+                                  if (!noInputs) i.push_back(hi);
+                                  Tensors o = ho;
+                                  return scatter(o, i, opts);
+                                }))
+      return *w;
+  } else if (auto w = tryCuda("scatter", c10d::OpType::SCATTER, given, outputs,
+                              [&](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
+                                std::vector<std::vector<at::Tensor>> i;
+                                if (!noInputs) i.push_back(hi);
+                                std::vector<at::Tensor> o{ho[0]};
+                                scatter(o, i, opts);
+                              })) {
     return *w;
+  }
   checkTensor(outputs[0], "scatter", rank_);
   std::vector<at::Tensor> ins;
   if (rank_ == root) {
@@ -249,29 +272,36 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::scatter(std::vector<at::Tensor
                 ": only the root (rank ", root, ") may pass input tensors");
   }
   Staged out(outputs[0]);
-  return enqueue(c10d::OpType::SCATTER, outputs, [this, ins, out, root] {
-    Collective c{"scatter"};
-    c.req.kind = OpKind::Scatter;
-    c.req.root = root;
-    c.req.elemSize = out.work.element_size();
-    c.req.bytes = nbytes(out.work);
-    c.ctx.in.assign(localSize_, nullptr);
-    for (size_t r = 0; r < ins.size(); ++r) c.ctx.in[r] = ptr(ins[r]);
-    c.ctx.out = {ptr(out.work)};
-    c.ctx.dtype = out.work.scalar_type();
-    c.ctx.desc.numel = out.work.numel();
-    runCollective(c);
+  return submit(c10d::OpType::SCATTER, outputs, [this, ins, out, root] {
+    if (span_) {
+      span_->scatterBlocks(ins, out.work, root);
+    } else {
+      Collective c{"scatter"};
+      c.req.kind = OpKind::Scatter;
+      c.req.root = root;
+      c.req.elemSize = out.work.element_size();
+      c.req.bytes = nbytes(out.work);
+      c.ctx.in.assign(localSize_, nullptr);
+      for (size_t r = 0; r < ins.size(); ++r) c.ctx.in[r] = ptr(ins[r]);
+      c.ctx.out = {ptr(out.work)};
+      c.ctx.dtype = out.work.scalar_type();
+      c.ctx.desc.numel = out.work.numel();
+      runCollective(c);
+    }
     out.writeBack();
   }, INT64_MAX, !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::barrier(const c10d::BarrierOptions& opts) {
-  if (span_) return span_->barrier(opts);
-  return enqueue(c10d::OpType::BARRIER, {}, [this] {
+  return submit(c10d::OpType::BARRIER, {}, [this] {
+    if (span_) {
+      span_->barrierAcrossHosts();
+      return;
+    }
     Collective c{"barrier"};
     c.req.kind = OpKind::Barrier;
     runCollective(c);
-  }, 0);
+  }, 0, span_ && !opts.asyncOp);
 }
 
 }  // namespace hoccl

@@ -8,11 +8,7 @@
 
 namespace hoccl {
 
-void checkMultiHostTensor(const at::Tensor& t, const char* op, int rank);
-
 namespace {
-
-using Tensors = std::vector<at::Tensor>;
 
 // A dtype-blind op: members agree on the bytes each rank contributes (all_gather keeps the
 // kind of the list form for the tensor form, which moves the same bytes).
@@ -112,101 +108,35 @@ void HostSpan::allgatherTensors(const char* op, const at::Tensor& in, const std:
   for (const auto& s : staged) s.writeBack();
 }
 
-c10::intrusive_ptr<c10d::Work> HostSpan::gather(std::vector<std::vector<at::Tensor>>& outputs,
-                                                      std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) {
-  TORCH_CHECK(inputs.size() == 1, "hoccl gather on rank ", rank_, ": expects one input");
-  const int root = static_cast<int>(opts.rootRank);
-  checkRoot(root, size_, "gather", rank_);
-  const bool noOutputs = outputs.empty();
-  if (auto w = viaHost("gather", c10d::OpType::GATHER, inputs, noOutputs ? Tensors{} : outputs[0],
-                       [this, opts, noOutputs](const Tensors& ins, const Tensors& outs) {
-                         std::vector<Tensors> o;
-                         if (!noOutputs) o.push_back(outs);
-                         Tensors i = ins;
-                         return gather(o, i, opts);
-                       }))
-    return *w;
-  checkMultiHostTensor(inputs[0], "gather", rank_);
-  std::vector<Staged> staged;
-  if (rank_ == root) {
-    TORCH_CHECK(outputs.size() == 1 && (int)outputs[0].size() == size_, "hoccl gather on rank ", rank_,
-                ": the root expects ", size_, " outputs");
-    for (auto& o : outputs[0]) {
-      checkMultiHostTensor(o, "gather", rank_);
-      checkSameAs(o, inputs[0], "gather", rank_, "an output");
-      staged.emplace_back(o);
-    }
-  } else {
-    TORCH_CHECK(outputs.empty() || outputs[0].empty(), "hoccl gather on rank ", rank_,
-                ": only the root (rank ", root, ") passes outputs");
-  }
-  at::Tensor in = inputs[0].contiguous().clone();
-  return enqueue(c10d::OpType::GATHER, rank_ == root ? outputs[0] : std::vector<at::Tensor>{},
-                 [this, staged, in, root] {
-                   agreeOnRail("gather", bytesSignature(c10d::OpType::GATHER, in, root));
-                   const int64_t n = legs::bytesOf(in).numel();
-                   if (n == 0) return;
-                   ProcessGroupHOCCL::HostsOp o{"gather", OpKind::Gather, root};
-                   o.in = {ptr(in)};
-                   o.out.assign(size_, nullptr);
-                   for (size_t r = 0; r < staged.size(); ++r) o.out[r] = ptr(staged[r].work);
-                   o.bytes = o.numel = n;
-                   planned("gather", [&](ProcessGroupHOCCL& host, int64_t tag) { host.runAcrossHosts(o, tag); });
-                   for (const auto& st : staged) st.writeBack();
-                 });
+void HostSpan::gatherBlocks(const at::Tensor& in, const std::vector<at::Tensor>& outs, int root) {
+  agreeOnRail("gather", bytesSignature(c10d::OpType::GATHER, in, root));
+  const int64_t n = legs::bytesOf(in).numel();
+  if (n == 0) return;
+  ProcessGroupHOCCL::HostsOp o{"gather", OpKind::Gather, root};
+  o.in = {ptr(in)};
+  o.out.assign(size_, nullptr);
+  for (size_t r = 0; r < outs.size(); ++r) o.out[r] = ptr(outs[r]);
+  o.bytes = o.numel = n;
+  planned("gather", [&](ProcessGroupHOCCL& host, int64_t tag) { host.runAcrossHosts(o, tag); });
 }
 
-c10::intrusive_ptr<c10d::Work> HostSpan::scatter(std::vector<at::Tensor>& outputs,
-                                                       std::vector<std::vector<at::Tensor>>& inputs,
-                                                       const c10d::ScatterOptions& opts) {
-  TORCH_CHECK(outputs.size() == 1, "hoccl scatter on rank ", rank_, ": expects one output");
-  const int root = static_cast<int>(opts.rootRank);
-  checkRoot(root, size_, "scatter", rank_);
-  const bool noInputs = inputs.empty();
-  if (auto w = viaHost("scatter", c10d::OpType::SCATTER, noInputs ? Tensors{} : inputs[0], outputs,
-                       [this, opts, noInputs](const Tensors& ins, const Tensors& outs) {
-                         std::vector<Tensors> i;
-                         if (!noInputs) i.push_back(ins);
-                         Tensors o = outs;
-                         return scatter(o, i, opts);
-                       }))
-    return *w;
-  checkMultiHostTensor(outputs[0], "scatter", rank_);
-  std::vector<at::Tensor> blocks;  // the root's inputs, contiguous
-  if (rank_ == root) {
-    TORCH_CHECK(inputs.size() == 1 && (int)inputs[0].size() == size_, "hoccl scatter on rank ", rank_,
-                ": the root expects ", size_, " inputs");
-    for (auto& in : inputs[0]) {
-      checkMultiHostTensor(in, "scatter", rank_);
-      checkSameAs(in, outputs[0], "scatter", rank_, "an input");
-      blocks.push_back(legs::bytesOf(in.contiguous()));
-    }
-  } else {
-    TORCH_CHECK(inputs.empty() || inputs[0].empty(), "hoccl scatter on rank ", rank_,
-                ": only the root (rank ", root, ") passes inputs");
-  }
-  Staged s(outputs[0]);
-  // The plan reads each of the root's blocks where it is: nothing is packed.
-  return enqueue(c10d::OpType::SCATTER, outputs, [this, s, blocks, root] {
-    agreeOnRail("scatter", bytesSignature(c10d::OpType::SCATTER, s.work, root));
-    at::Tensor mine = legs::bytesOf(s.work);
-    if (mine.numel() == 0) return;
-    ProcessGroupHOCCL::HostsOp o{"scatter", OpKind::Scatter, root};
-    o.in.assign(size_, nullptr);
-    for (size_t r = 0; r < blocks.size(); ++r) o.in[r] = ptr(blocks[r]);
-    o.out = {ptr(mine)};
-    o.bytes = o.numel = mine.numel();
-    planned("scatter", [&](ProcessGroupHOCCL& host, int64_t tag) { host.runAcrossHosts(o, tag); });
-    s.writeBack();
-  }, !opts.asyncOp);
+// The plan reads each of the root's blocks where it is: nothing is packed.
+void HostSpan::scatterBlocks(const std::vector<at::Tensor>& ins, const at::Tensor& out, int root) {
+  agreeOnRail("scatter", bytesSignature(c10d::OpType::SCATTER, out, root));
+  const int64_t n = legs::bytesOf(out).numel();
+  if (n == 0) return;
+  ProcessGroupHOCCL::HostsOp o{"scatter", OpKind::Scatter, root};
+  o.in.assign(size_, nullptr);
+  for (size_t r = 0; r < ins.size(); ++r) o.in[r] = ptr(ins[r]);
+  o.out = {ptr(out)};
+  o.bytes = o.numel = n;
+  planned("scatter", [&](ProcessGroupHOCCL& host, int64_t tag) { host.runAcrossHosts(o, tag); });
 }
 
-c10::intrusive_ptr<c10d::Work> HostSpan::barrier(const c10d::BarrierOptions& opts) {
-  return enqueue(c10d::OpType::BARRIER, {}, [this] {
-    agreeOnRail("barrier", {static_cast<int64_t>(c10d::OpType::BARRIER), -1, 0});
-    ProcessGroupHOCCL::HostsOp b{"barrier", OpKind::Barrier};
-    planned("barrier", [&](ProcessGroupHOCCL& host, int64_t tag) { host.runAcrossHosts(b, tag); });
-  }, !opts.asyncOp);
+void HostSpan::barrierAcrossHosts() {
+  agreeOnRail("barrier", {static_cast<int64_t>(c10d::OpType::BARRIER), -1, 0});
+  ProcessGroupHOCCL::HostsOp b{"barrier", OpKind::Barrier};
+  planned("barrier", [&](ProcessGroupHOCCL& host, int64_t tag) { host.runAcrossHosts(b, tag); });
 }
 
 void HostSpan::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {

@@ -10,21 +10,11 @@ namespace hoccl {
 
 namespace {
 
-using Tensors = std::vector<at::Tensor>;
-
-void checkHostTensor(const at::Tensor& t, const char* op, int rank) {
-  TORCH_CHECK(!t.defined() || !t.is_cuda(), "hoccl ", op, " on rank ", rank,
-              ": CUDA tensors in a group spanning hosts are not supported yet (copy to the CPU first)");
-  checkTensor(t, op, rank);
-}
-
 OpSignature reductionSignature(c10d::OpType kind, const at::Tensor& t, RedOp op, int64_t root = -1) {
   return {static_cast<int64_t>(kind), static_cast<int64_t>(t.scalar_type()), t.numel(), root, static_cast<int64_t>(op)};
 }
 
 }  // namespace
-
-void checkMultiHostTensor(const at::Tensor& t, const char* op, int rank) { checkHostTensor(t, op, rank); }
 
 void HostSpan::allreduceFlat(const char* op, const at::Tensor& flat, RedOp redOp, double factor) {
   if (flat.numel() == 0) return;

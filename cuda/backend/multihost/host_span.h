@@ -70,20 +70,14 @@ class HostSpan {
   // The network engine for plans across hosts: gloo, on the framed engine user send/recv use.
   NetTransport* net() const { return net_.get(); }
 
-  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
-                                        std::vector<at::Tensor>& inputs,
-                                        const c10d::GatherOptions& opts);
-  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
-                                         std::vector<std::vector<at::Tensor>>& inputs,
-                                         const c10d::ScatterOptions& opts);
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag);
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag);
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag);
-  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts);
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks);
 
-  // For the group's entry points that serve every host layout (all_to_all, all_gather, broadcast,
-  // the reductions): they check the arguments, then queue, stage and run through these.
+  // For the group's entry points, which serve every host layout (every collective; send/recv
+  // and monitored_barrier stay HostSpan's): they check the arguments, then queue, stage and run
+  // through these.
   using Body = std::function<void()>;
   // On the group's queue. callerWaits: the caller blocks in wait() right after (a synchronous
   // op): with nothing queued or running, and while the ranks spin, the body runs on the caller's
@@ -102,6 +96,11 @@ class HostSpan {
   // gathered into `outputs` (one per rank, any layout).
   void broadcastTensor(const at::Tensor& t, int root);
   void allgatherTensors(const char* op, const at::Tensor& in, const std::vector<at::Tensor>& outputs);
+  // Rooted data movement over contiguous blocks (the root's list; empty elsewhere), and the
+  // barrier, each one plan across hosts.
+  void gatherBlocks(const at::Tensor& in, const std::vector<at::Tensor>& outs, int root);
+  void scatterBlocks(const std::vector<at::Tensor>& ins, const at::Tensor& out, int root);
+  void barrierAcrossHosts();
   // Reductions, worker thread, arguments agreed across hosts first (hier_reductions.cpp): one
   // contiguous tensor all-reduced, or reduced to `root` (the others' tensors keep their values);
   // contiguous blocks, one per rank, reduce-scattered into `out`.
