@@ -1,5 +1,7 @@
 // The part of a ProcessGroupHOCCL whose ranks sit on more than one host: its collectives' argument
-// agreement across hosts, network tags and failures naming the lost host. Every collective but
+// agreement across hosts, network tags and failures naming the lost host. The collectives' entry
+// points and argument checks are the group's, for every layout; their bodies call in here. Every
+// collective but
 // all_gather's mid-size blocks on even hosts runs as one plan across hosts, which the group
 // executes (planned.cpp, backend/across_hosts.cpp): steps inside the host on its shared memory,
 // network steps on the gloo network engine. Those blocks may still run as legs: inside a host on
