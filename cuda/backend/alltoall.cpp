@@ -206,32 +206,25 @@ void ProcessGroupHOCCL::alltoallBlocks(AllToAllBlocks blocks, c10::ScalarType dt
   runCollective(c);
 }
 
-// One entry per form for every host layout: the checks are the same; a group spanning hosts
-// stages CUDA tensors through host mirrors (HostSpan::viaHost) and runs the exchange as one plan
-// across hosts (HostSpan::alltoallBlocks).
+// One entry per form for every host layout: the checks are the same, routeCuda takes CUDA
+// tensors the layout's way, and a group spanning hosts runs the exchange as one plan across hosts
+// (HostSpan::alltoallBlocks).
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::alltoall_base(at::Tensor& output, at::Tensor& userInput,
                                                                 std::vector<int64_t>& outputSplits,
                                                                 std::vector<int64_t>& inputSplits,
                                                                 const c10d::AllToAllOptions& opts) {
   const char* op = "all_to_all_single";
   at::Tensor input = readableWhileWriting(userInput, {output});
-  if (span_) {
-    if (auto w = span_->viaHost(op, c10d::OpType::ALLTOALL_BASE, {input}, {output},
-                                [this, outputSplits, inputSplits, opts](const Tensors& hi, const Tensors& ho) {
-                                  at::Tensor i = hi[0], o = ho[0];
-                                  std::vector<int64_t> os = outputSplits, is = inputSplits;
-                                  return alltoall_base(o, i, os, is, opts);
-                                }))
-      return *w;
-  } else if (input.is_cuda() || output.is_cuda()) {  // the CUDA routing builds closures: test the device first
+  if (span_ || input.is_cuda() || output.is_cuda()) {  // the CUDA routing builds closures: test the device first
     bool even = outputSplits.empty() && inputSplits.empty() && input.numel() == output.numel() &&
                 input.numel() % size_ == 0 && input.scalar_type() == output.scalar_type();
-    if (auto w = tryCuda(op, c10d::OpType::ALLTOALL_BASE, {input}, {output},
-                         [&](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
-                           at::Tensor o = ho[0], i = hi[0];
-                           alltoall_base(o, i, outputSplits, inputSplits, opts);
-                         },
-                         even ? ceAllToAll(output, input) : nullptr))
+    if (auto w = routeCuda(op, c10d::OpType::ALLTOALL_BASE, {input}, {output},
+                           [this, outputSplits, inputSplits, opts](const Tensors& hi, const Tensors& ho) {
+                             at::Tensor i = hi[0], o = ho[0];
+                             std::vector<int64_t> os = outputSplits, is = inputSplits;
+                             return alltoall_base(o, i, os, is, opts);
+                           },
+                           even ? ceAllToAll(output, input) : nullptr))
       return *w;
   }
   checkTensor(input, op, rank_);
@@ -257,27 +250,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::alltoall(std::vector<at::Tenso
   const char* op = "all_to_all";
   std::vector<at::Tensor> inputs;
   for (const auto& t : userInputs) inputs.push_back(readableWhileWriting(t, outputs));
-  auto checkCounts = [&] {
-    TORCH_CHECK(static_cast<int>(inputs.size()) == size_ && static_cast<int>(outputs.size()) == size_,
-                "hoccl ", op, " on rank ", rank_, ": needs ", size_, " input and output tensors, got ",
-                inputs.size(), " and ", outputs.size());
-  };
-  if (span_) {
-    checkCounts();
-    if (auto w = span_->viaHost(op, c10d::OpType::ALLTOALL, inputs, outputs,
-                                [this, opts](const Tensors& hi, const Tensors& ho) {
-                                  Tensors i = hi, o = ho;
-                                  return alltoall(o, i, opts);
-                                }))
-      return *w;
-  } else if (auto w = tryCuda(op, c10d::OpType::ALLTOALL, inputs, outputs,
-                              [&](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
-                                std::vector<at::Tensor> i = hi, o = ho;
-                                alltoall(o, i, opts);
-                              })) {
+  TORCH_CHECK(static_cast<int>(inputs.size()) == size_ && static_cast<int>(outputs.size()) == size_,
+              "hoccl ", op, " on rank ", rank_, ": needs ", size_, " input and output tensors, got ",
+              inputs.size(), " and ", outputs.size());
+  if (auto w = routeCuda(op, c10d::OpType::ALLTOALL, inputs, outputs, [this, opts](const Tensors& hi, const Tensors& ho) {
+        Tensors i = hi, o = ho;
+        return alltoall(o, i, opts);
+      }))
     return *w;
-  }
-  checkCounts();
   std::vector<at::Tensor> ins;
   std::vector<Staged> outs;
   for (int r = 0; r < size_; ++r) {

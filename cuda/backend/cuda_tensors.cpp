@@ -18,6 +18,7 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include "backend/cuda_staging.h"
+#include "backend/multihost/host_span.h"
 #include "backend/process_group.h"
 #include "plan/plan.h"
 
@@ -143,6 +144,15 @@ std::optional<c10::intrusive_ptr<c10d::Work>> ProcessGroupHOCCL::tryCuda(
   }
 #endif
   return enqueueCudaViaHost(type, inputs, outputs, hostBody);
+}
+
+std::optional<c10::intrusive_ptr<c10d::Work>> ProcessGroupHOCCL::routeCuda(
+    const char* op, c10d::OpType type, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
+    HostCall call, std::function<void(c10::Stream)> ceBody) {
+  if (span_) return span_->viaHost(op, type, inputs, outputs, std::move(call));
+  return tryCuda(op, type, inputs, outputs,
+                 [call](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) { call(hi, ho); },
+                 std::move(ceBody));
 }
 
 at::Tensor ProcessGroupHOCCL::cudaHostMirror(const at::Tensor& t, bool copyIn) {

@@ -6,27 +6,19 @@ namespace hoccl {
 
 using Tensors = std::vector<at::Tensor>;
 
-// The entry points here serve every host layout: a group spanning hosts stages CUDA tensors
-// through host mirrors (HostSpan::viaHost) and runs the op as one plan across hosts.
+// The entry points here serve every host layout: routeCuda takes CUDA tensors the layout's way,
+// and a group spanning hosts runs the op as one plan across hosts.
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::broadcast(std::vector<at::Tensor>& tensors,
                                                             const c10d::BroadcastOptions& opts) {
   TORCH_CHECK(tensors.size() == 1, "hoccl broadcast on rank ", rank_, ": expects one tensor");
   checkRoot(static_cast<int>(opts.rootRank), size_, "broadcast", rank_);
-  if (span_) {
-    if (auto w = span_->viaHost("broadcast", c10d::OpType::BROADCAST, tensors, tensors,
-                                [this, opts](const Tensors&, const Tensors& ho) {
-                                  Tensors v{ho[0]};
-                                  return broadcast(v, opts);
-                                }))
-      return *w;
-  } else if (auto w = tryCuda("broadcast", c10d::OpType::BROADCAST, tensors, tensors,
-                              [&](const std::vector<at::Tensor>&, const std::vector<at::Tensor>& ho) {
-                                std::vector<at::Tensor> v{ho[0]};
-                                broadcast(v, opts);
-                              },
-                              ceBroadcast(tensors[0], static_cast<int>(opts.rootRank)))) {
+  if (auto w = routeCuda("broadcast", c10d::OpType::BROADCAST, tensors, tensors,
+                         [this, opts](const Tensors&, const Tensors& ho) {
+                           Tensors v{ho[0]};
+                           return broadcast(v, opts);
+                         },
+                         ceBroadcast(tensors[0], static_cast<int>(opts.rootRank))))
     return *w;
-  }
   checkTensor(tensors[0], "broadcast", rank_);
   Staged s(tensors[0]);
   int root = static_cast<int>(opts.rootRank);
@@ -68,29 +60,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allgather(std::vector<std::vec
                                                             const c10d::AllgatherOptions& opts) {
   TORCH_CHECK(inputs.size() == 1 && outputs.size() == 1, "hoccl all_gather on rank ", rank_,
               ": expects one input and one output list");
-  auto checkCount = [&] {
-    TORCH_CHECK(static_cast<int>(outputs[0].size()) == size_, "hoccl all_gather on rank ", rank_,
-                ": output list has ", outputs[0].size(), " tensors but the group has ", size_, " ranks");
-  };
-  if (span_) {
-    checkCount();
-    if (auto w = span_->viaHost("all_gather", c10d::OpType::ALLGATHER, inputs, outputs[0],
-                                [this, opts](const Tensors& hi, const Tensors& ho) {
-                                  std::vector<Tensors> o{ho};
-                                  Tensors i = hi;
-                                  return allgather(o, i, opts);
-                                }))
-      return *w;
-  } else if (auto w = tryCuda("all_gather", c10d::OpType::ALLGATHER, inputs, outputs[0],
-                              [&](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
-                                std::vector<std::vector<at::Tensor>> o{ho};
-                                std::vector<at::Tensor> i{hi[0]};
-                                allgather(o, i, c10d::AllgatherOptions());
-                              })) {
+  TORCH_CHECK(static_cast<int>(outputs[0].size()) == size_, "hoccl all_gather on rank ", rank_,
+              ": output list has ", outputs[0].size(), " tensors but the group has ", size_, " ranks");
+  if (auto w = routeCuda("all_gather", c10d::OpType::ALLGATHER, inputs, outputs[0],
+                         [this, opts](const Tensors& hi, const Tensors& ho) {
+                           std::vector<Tensors> o{ho};
+                           Tensors i = hi;
+                           return allgather(o, i, opts);
+                         }))
     return *w;
-  }
   checkTensor(inputs[0], "all_gather", rank_);
-  checkCount();
   for (auto& t : outputs[0]) {
     checkTensor(t, "all_gather", rank_);
     checkSameAs(t, inputs[0], "all_gather", rank_, "an output tensor");
@@ -114,22 +93,14 @@ void ProcessGroupHOCCL::allgatherOnHost(const std::vector<at::Tensor>& outputs, 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                   const c10d::AllgatherOptions& opts) {
   const char* op = "all_gather_into_tensor";
-  if (span_) {
-    if (auto w = span_->viaHost(op, c10d::OpType::_ALLGATHER_BASE, {input}, {output},
-                                [this, opts](const Tensors& hi, const Tensors& ho) {
-                                  at::Tensor i = hi[0], o = ho[0];
-                                  return _allgather_base(o, i, opts);
-                                }))
-      return *w;
-  } else if (auto w = tryCuda(op, c10d::OpType::_ALLGATHER_BASE, {input}, {output},
-                              [&](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
-                                at::Tensor o = ho[0], i = hi[0];
-                                _allgather_base(o, i, opts);
-                              },
-                              output.numel() == input.numel() * size_ && output.scalar_type() == input.scalar_type()
-                                  ? ceAllGather(output, input) : nullptr)) {
+  if (auto w = routeCuda(op, c10d::OpType::_ALLGATHER_BASE, {input}, {output},
+                         [this, opts](const Tensors& hi, const Tensors& ho) {
+                           at::Tensor i = hi[0], o = ho[0];
+                           return _allgather_base(o, i, opts);
+                         },
+                         output.numel() == input.numel() * size_ && output.scalar_type() == input.scalar_type()
+                             ? ceAllGather(output, input) : nullptr))
     return *w;
-  }
   checkTensor(input, op, rank_);
   checkTensor(output, op, rank_);
   TORCH_CHECK(output.scalar_type() == input.scalar_type(), "hoccl ", op, " on rank ", rank_,
@@ -188,24 +159,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::gather(std::vector<std::vector
   TORCH_CHECK(inputs.size() == 1, "hoccl gather on rank ", rank_, ": expects one input tensor");
   const bool noOutputs = outputs.empty();
   const std::vector<at::Tensor> result = noOutputs ? std::vector<at::Tensor>{} : outputs[0];
-  if (span_) {
-    if (auto w = span_->viaHost("gather", c10d::OpType::GATHER, inputs, result,
-                                [this, opts, noOutputs](const Tensors& hi, const Tensors& ho) {
-                                  std::vector<Tensors> o;
-                                  if (!noOutputs) o.push_back(ho);
-                                  Tensors i = hi;
-                                  return gather(o, i, opts);
-                                }))
-      return *w;
-  } else if (auto w = tryCuda("gather", c10d::OpType::GATHER, inputs, result,
-                              [&](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
-                                std::vector<std::vector<at::Tensor>> o;
-                                if (!noOutputs) o.push_back(ho);
-                                std::vector<at::Tensor> i{hi[0]};
-                                gather(o, i, opts);
-                              })) {
+  if (auto w = routeCuda("gather", c10d::OpType::GATHER, inputs, result,
+                         [this, opts, noOutputs](const Tensors& hi, const Tensors& ho) {
+                           std::vector<Tensors> o;
+                           if (!noOutputs) o.push_back(ho);
+                           Tensors i = hi;
+                           return gather(o, i, opts);
+                         }))
     return *w;
-  }
   checkTensor(inputs[0], "gather", rank_);
   std::vector<Staged> outs;
   if (rank_ == root) {
@@ -239,24 +200,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::scatter(std::vector<at::Tensor
   TORCH_CHECK(outputs.size() == 1, "hoccl scatter on rank ", rank_, ": expects one output tensor");
   const bool noInputs = inputs.empty();
   const std::vector<at::Tensor> given = noInputs ? std::vector<at::Tensor>{} : inputs[0];
-  if (span_) {
-    if (auto w = span_->viaHost("scatter", c10d::OpType::SCATTER, given, outputs,
-                                [this, opts, noInputs](const Tensors& hi, const Tensors& ho) {
-                                  std::vector<Tensors> i;
-                                  if (!noInputs) i.push_back(hi);
-                                  Tensors o = ho;
-                                  return scatter(o, i, opts);
-                                }))
-      return *w;
-  } else if (auto w = tryCuda("scatter", c10d::OpType::SCATTER, given, outputs,
-                              [&](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
-                                std::vector<std::vector<at::Tensor>> i;
-                                if (!noInputs) i.push_back(hi);
-                                std::vector<at::Tensor> o{ho[0]};
-                                scatter(o, i, opts);
-                              })) {
+  if (auto w = routeCuda("scatter", c10d::OpType::SCATTER, given, outputs,
+                         [this, opts, noInputs](const Tensors& hi, const Tensors& ho) {
+                           std::vector<Tensors> i;
+                           if (!noInputs) i.push_back(hi);
+                           Tensors o = ho;
+                           return scatter(o, i, opts);
+                         }))
     return *w;
-  }
   checkTensor(outputs[0], "scatter", rank_);
   std::vector<at::Tensor> ins;
   if (rank_ == root) {

@@ -218,6 +218,15 @@ class ProcessGroupHOCCL : public c10d::Backend {
                                                          std::function<void(const std::vector<at::Tensor>&,
                                                                             const std::vector<at::Tensor>&)> hostBody,
                                                          std::function<void(c10::Stream)> ceBody = nullptr);
+  // An op over CUDA tensors, rerun as `call` on host mirrors where no copy-engine body serves it.
+  using HostCall = std::function<c10::intrusive_ptr<c10d::Work>(const std::vector<at::Tensor>& hostInputs,
+                                                                const std::vector<at::Tensor>& hostOutputs)>;
+  // Every entry point's CUDA routing: on a group spanning hosts through host mirrors
+  // (HostSpan::viaHost), on one host by tryCuda. None when no tensor is on a GPU.
+  std::optional<c10::intrusive_ptr<c10d::Work>> routeCuda(const char* op, c10d::OpType type,
+                                                           const std::vector<at::Tensor>& inputs,
+                                                           const std::vector<at::Tensor>& outputs, HostCall call,
+                                                           std::function<void(c10::Stream)> ceBody = nullptr);
   std::function<void(c10::Stream)> ceAllReduce(at::Tensor t, RedOp op, double factor);
   std::function<void(c10::Stream)> ceAllGather(at::Tensor out, at::Tensor in);
   std::function<void(c10::Stream)> ceBroadcast(at::Tensor t, int root);

@@ -20,29 +20,23 @@ void ProcessGroupHOCCL::allreduceTensor(const at::Tensor& t, RedOp op, double fa
   runCollective(c);
 }
 
-// The entry points here serve every host layout: a group spanning hosts stages CUDA tensors
-// through host mirrors (HostSpan::viaHost) and runs the op as one plan across hosts, its
-// arguments agreed across hosts first.
+// The entry points here serve every host layout: routeCuda takes CUDA tensors the layout's way,
+// and a group spanning hosts runs the op as one plan across hosts, its arguments agreed across
+// hosts first.
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allreduce(std::vector<at::Tensor>& tensors,
                                                             const c10d::AllreduceOptions& opts) {
   TORCH_CHECK(tensors.size() == 1, "hoccl all_reduce on rank ", rank_, ": expects one tensor, got ", tensors.size());
   double factor;
   RedOp op = toRedOp(opts.reduceOp, &factor, "all_reduce");
   if (tensors[0].layout() != at::kStrided) return allreduceSparse(tensors, op);
-  if (span_) {
-    if (auto w = span_->viaHost("all_reduce", c10d::OpType::ALLREDUCE, tensors, tensors,
-                                [this, opts](const std::vector<at::Tensor>&, const std::vector<at::Tensor>& ho) {
-                                  std::vector<at::Tensor> v{ho[0]};
-                                  return allreduce(v, opts);
-                                }))
-      return *w;
-  } else if (tensors[0].is_cuda()) {  // the CUDA routing builds closures: test the device first
-    if (auto w = tryCuda("all_reduce", c10d::OpType::ALLREDUCE, tensors, tensors,
-                         [&](const std::vector<at::Tensor>&, const std::vector<at::Tensor>& ho) {
-                           std::vector<at::Tensor> v{ho[0]};
-                           allreduce(v, opts);
-                         },
-                         tensors[0].is_complex() ? nullptr : ceAllReduce(tensors[0], op, factor)))
+  // The CUDA routing builds closures: on one host, the hottest entry point tests the device first.
+  if (span_ || tensors[0].is_cuda()) {
+    if (auto w = routeCuda("all_reduce", c10d::OpType::ALLREDUCE, tensors, tensors,
+                           [this, opts](const std::vector<at::Tensor>&, const std::vector<at::Tensor>& ho) {
+                             std::vector<at::Tensor> v{ho[0]};
+                             return allreduce(v, opts);
+                           },
+                           tensors[0].is_complex() ? nullptr : ceAllReduce(tensors[0], op, factor)))
       return *w;
   }
   checkTensor(tensors[0], "all_reduce", rank_);
@@ -101,20 +95,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::allreduce_coalesced(
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::reduce(std::vector<at::Tensor>& tensors,
                                                          const c10d::ReduceOptions& opts) {
   TORCH_CHECK(tensors.size() == 1, "hoccl reduce on rank ", rank_, ": expects one tensor");
-  if (span_) {
-    if (auto w = span_->viaHost("reduce", c10d::OpType::REDUCE, tensors, tensors,
-                                [this, opts](const std::vector<at::Tensor>&, const std::vector<at::Tensor>& ho) {
-                                  std::vector<at::Tensor> v{ho[0]};
-                                  return reduce(v, opts);
-                                }))
-      return *w;
-  } else if (auto w = tryCuda("reduce", c10d::OpType::REDUCE, tensors, tensors,
-                              [&](const std::vector<at::Tensor>&, const std::vector<at::Tensor>& ho) {
-                                std::vector<at::Tensor> v{ho[0]};
-                                reduce(v, opts);
-                              })) {
+  if (auto w = routeCuda("reduce", c10d::OpType::REDUCE, tensors, tensors,
+                         [this, opts](const std::vector<at::Tensor>&, const std::vector<at::Tensor>& ho) {
+                           std::vector<at::Tensor> v{ho[0]};
+                           return reduce(v, opts);
+                         }))
     return *w;
-  }
   checkTensor(tensors[0], "reduce", rank_);
   checkRoot(static_cast<int>(opts.rootRank), size_, "reduce", rank_);
   double factor;
@@ -166,29 +152,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::reduce_scatter(std::vector<at:
                                                                  const c10d::ReduceScatterOptions& opts) {
   TORCH_CHECK(outputs.size() == 1 && inputs.size() == 1, "hoccl reduce_scatter on rank ", rank_,
               ": expects one output and one input list");
-  auto checkCount = [&] {
-    TORCH_CHECK(static_cast<int>(inputs[0].size()) == size_, "hoccl reduce_scatter on rank ", rank_,
-                ": input list has ", inputs[0].size(), " tensors but the group has ", size_, " ranks");
-  };
-  if (span_) {
-    checkCount();
-    if (auto w = span_->viaHost("reduce_scatter", c10d::OpType::REDUCE_SCATTER, inputs[0], outputs,
-                                [this, opts](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
-                                  std::vector<at::Tensor> o = ho;
-                                  std::vector<std::vector<at::Tensor>> i{hi};
-                                  return reduce_scatter(o, i, opts);
-                                }))
-      return *w;
-  } else if (auto w = tryCuda("reduce_scatter", c10d::OpType::REDUCE_SCATTER, inputs[0], outputs,
-                              [&](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
-                                std::vector<std::vector<at::Tensor>> i{hi};
-                                std::vector<at::Tensor> o{ho[0]};
-                                reduce_scatter(o, i, opts);
-                              })) {
+  TORCH_CHECK(static_cast<int>(inputs[0].size()) == size_, "hoccl reduce_scatter on rank ", rank_,
+              ": input list has ", inputs[0].size(), " tensors but the group has ", size_, " ranks");
+  if (auto w = routeCuda("reduce_scatter", c10d::OpType::REDUCE_SCATTER, inputs[0], outputs,
+                         [this, opts](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
+                           std::vector<at::Tensor> o = ho;
+                           std::vector<std::vector<at::Tensor>> i{hi};
+                           return reduce_scatter(o, i, opts);
+                         }))
     return *w;
-  }
   checkTensor(outputs[0], "reduce_scatter", rank_);
-  checkCount();
   double factor;
   RedOp op = toRedOp(opts.reduceOp, &factor, "reduce_scatter");
   checkReduceArgs(outputs[0], op, "reduce_scatter", rank_);
@@ -207,20 +180,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::reduce_scatter(std::vector<at:
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                        const c10d::ReduceScatterOptions& opts) {
-  if (span_) {
-    if (auto w = span_->viaHost("reduce_scatter_tensor", c10d::OpType::_REDUCE_SCATTER_BASE, {input}, {output},
-                                [this, opts](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
-                                  at::Tensor i = hi[0], o = ho[0];
-                                  return _reduce_scatter_base(o, i, opts);
-                                }))
-      return *w;
-  } else if (auto w = tryCuda("reduce_scatter_tensor", c10d::OpType::_REDUCE_SCATTER_BASE, {input}, {output},
-                              [&](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
-                                at::Tensor o = ho[0], i = hi[0];
-                                _reduce_scatter_base(o, i, opts);
-                              })) {
+  if (auto w = routeCuda("reduce_scatter_tensor", c10d::OpType::_REDUCE_SCATTER_BASE, {input}, {output},
+                         [this, opts](const std::vector<at::Tensor>& hi, const std::vector<at::Tensor>& ho) {
+                           at::Tensor i = hi[0], o = ho[0];
+                           return _reduce_scatter_base(o, i, opts);
+                         }))
     return *w;
-  }
   checkTensor(input, "reduce_scatter_tensor", rank_);
   checkTensor(output, "reduce_scatter_tensor", rank_);
   TORCH_CHECK(output.scalar_type() == input.scalar_type(), "hoccl reduce_scatter_tensor on rank ", rank_,

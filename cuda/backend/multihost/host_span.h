@@ -89,8 +89,7 @@ class HostSpan {
   // CUDA tensors (cuda_staging.cpp): D2H into pinned host mirrors on the comm stream, the CPU op
   // (`call`, given the mirrors in the order of `inputs` and `outputs`) over them, H2D back.
   // None when no tensor is on a GPU; the op's own checks raise on the caller's thread.
-  using HostCall = std::function<c10::intrusive_ptr<c10d::Work>(const std::vector<at::Tensor>& hostInputs,
-                                                                const std::vector<at::Tensor>& hostOutputs)>;
+  using HostCall = ProcessGroupHOCCL::HostCall;
   std::optional<c10::intrusive_ptr<c10d::Work>> viaHost(const char* op, c10d::OpType type,
                                                         const std::vector<at::Tensor>& inputs,
                                                         const std::vector<at::Tensor>& outputs, HostCall call);
