@@ -152,8 +152,10 @@ def _costs_lines(job, count):
     import re
 
     lines = [l for h in range(count) for l in job.log(h).splitlines() if "costs across hosts" in l]
-    pattern = r"\[hoccl rank (\d+)\] costs across hosts: message (\d+) us \((\S+)\), link ([\d.]+) GB/s \((\S+)\)"
-    return {int(m[1]): (int(m[2]), m[3], float(m[4]), m[5]) for m in (re.search(pattern, l) for l in lines) if m}
+    pattern = (r"\[hoccl rank (\d+)\] costs across hosts: message (\d+) us \((\S+)\), link ([\d.]+) GB/s \((\S+)\), "
+               r"relay copies ([\d.]+) GB/s \((\S+)\)")
+    return {int(m[1]): (int(m[2]), m[3], float(m[4]), m[5], float(m[6]), m[7])
+            for m in (re.search(pattern, l) for l in lines) if m}
 
 
 # Elements (float32) rank s sends to rank d on 2x2: skewed, with empty pairs on and off the host.
@@ -167,7 +169,8 @@ def test_costs_across_hosts_are_measured_at_creation_and_agree():
     0.125 GB/s. Each rank runs one skewed all_to_all: its form must be the cheaper of the
     documented estimates under the costs the group holds (test_plan_hosts_movement's
     estimated_seconds), on the default path with measured costs and on the plans with set costs,
-    where a per-message cost of 1 us and of 0.1 s must flip the choice."""
+    where a per-message cost of 1 us and of 0.1 s must flip the choice, and at 1 ms a relay copy
+    rate of 1 MB/s (HOCCL_NET_RELAY_MBYTES) against the default 1 GB/s."""
     from test_plan_hosts_movement import estimated_seconds
 
     with Hosts(count=2, ranks=[2, 2], link_gbit=1) as hosts:
@@ -190,17 +193,23 @@ def test_costs_across_hosts_are_measured_at_creation_and_agree():
         assert sorted(printed) == [0, 1, 2, 3], printed
         assert len(set(printed.values())) == 1, f"ranks disagree: {printed}"
         assert printed[0][1] == printed[0][3] == "measured", printed[0]
+        assert printed[0][4:] == (1.0, "default") and costs["copy_bytes_per_s"] == 1e9, (printed[0], costs)
 
         forms = []
-        for message_us in (1, 100_000):
+        for message_us, relay_mbytes in ((1, None), (100_000, None), (1000, 1), (1000, None)):
             env = {"HOCCL_MULTIHOST_PATH": "plans", "HOCCL_NET_MESSAGE_US": str(message_us),
                    "HOCCL_NET_LINK_MBIT": "8000"}
+            if relay_mbytes:
+                env["HOCCL_NET_RELAY_MBYTES"] = str(relay_mbytes)
             job, costs, form = run(env)
-            assert (costs["message_s"], costs["link_bytes_per_s"]) == (message_us * 1e-6, 1e9), costs
+            relay = relay_mbytes * 1e6 if relay_mbytes else 1e9
+            assert (costs["message_s"], costs["link_bytes_per_s"], costs["copy_bytes_per_s"]) == \
+                (message_us * 1e-6, 1e9, relay), costs
             assert set(_costs_lines(job, hosts.count).values()) == \
-                {(message_us, "HOCCL_NET_MESSAGE_US", 1.0, "HOCCL_NET_LINK_MBIT")}
+                {(message_us, "HOCCL_NET_MESSAGE_US", 1.0, "HOCCL_NET_LINK_MBIT", round(relay / 1e9, 2),
+                  "HOCCL_NET_RELAY_MBYTES" if relay_mbytes else "default")}
             forms.append(form)
-        assert forms == ["direct", "rail"], forms
+        assert forms == ["direct", "rail", "direct", "rail"], forms
         _check_clean(hosts)
 
 

@@ -98,6 +98,10 @@ const std::vector<Variable> kTable = {
     {"HOCCL_NET_LINK_MBIT", K::Integer, R::Core, "auto", "",
      "across hosts, one host link's rate each way in Mbit/s that all_to_all's cost model uses; auto: measured "
      "when the group is created (one 4 MiB message beyond a round trip)"},
+    {"HOCCL_NET_RELAY_MBYTES", K::Integer, R::Core, "auto", "",
+     "across hosts, the rate in MB/s at which all_to_all's relay form moves its bytes inside the hosts "
+     "(pack, hand to the relay, scatter), which its cost model weighs against the messages the relay "
+     "saves; auto: 1000, fitted on the 2-core VM (docs/multihost.md says why it is not measured)"},
     {"HOCCL_MULTIHOST_ALLTOALL", K::Choice, R::Core, "auto", "auto,direct,rail",
      "across hosts, the form of all_to_all: auto (a cost model picks per call from the split matrix), direct "
      "(every cross-host block point to point) or rail (blocks gathered per rail inside each host, one "

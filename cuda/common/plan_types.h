@@ -110,9 +110,10 @@ struct Plan {
 // bytes a relay packs and unpacks. VarioPath weighs all_to_all's forms across hosts by them
 // (varipath/across_hosts.h). A group spanning hosts measures the first two when it is created
 // (backend/multihost/net_costs.h); the defaults here serve plans built without a group. The
-// host legs' rate is not a memcpy rate: it carries the staging copies in and out on both hosts
-// and their barriers, on cores the ranks share (1 GB/s fits the 2-core VM's relay, where memcpy
-// runs at ~10 GB/s).
+// host legs' rate is configured (HOCCL_NET_RELAY_MBYTES), not measured: it is not a memcpy rate
+// but carries the staging copies in and out on both hosts and their barriers, on cores the ranks
+// share (1 GB/s fits the 2-core VM's relay, where memcpy runs at ~10 GB/s), and timing the relay
+// against the direct form at group creation measured anywhere from 1 to 100 GB/s there.
 struct NetCosts {
   double messageSec = 250e-6;
   double linkBytesPerSec = 0.5e9;

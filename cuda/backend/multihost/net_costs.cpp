@@ -84,12 +84,13 @@ void probePeer(c10d::Backend& g, int measurer, bool wantLink) {
 NetCosts agreeNetCosts(c10d::Backend& global, const HostLayout& layout, int rank) {
   const int64_t messageUs = config::integer("HOCCL_NET_MESSAGE_US", 0, 0);
   const int64_t linkMbit = config::integer("HOCCL_NET_LINK_MBIT", 0, 0);
+  const int64_t relayMbytes = config::integer("HOCCL_NET_RELAY_MBYTES", 0, 0);
   // Rank 0 measures with the first rank of the first other host.
   int peer = -1;
   for (int h = 0; h < layout.hosts() && peer < 0; ++h)
     if (h != layout.hostOf(0)) peer = layout.table.ranksOf[h][0];
   const bool measure = peer >= 0 && (messageUs == 0 || linkMbit == 0);
-  at::Tensor agreed = at::zeros({2}, at::kDouble);
+  at::Tensor agreed = at::zeros({3}, at::kDouble);
   if (rank == 0) {
     double message = messageUs * 1e-6, link = linkMbit * 1e6 / 8;
     if (measure) {
@@ -100,6 +101,7 @@ NetCosts agreeNetCosts(c10d::Backend& global, const HostLayout& layout, int rank
     auto* v = agreed.data_ptr<double>();
     v[0] = message;
     v[1] = link;
+    v[2] = relayMbytes > 0 ? relayMbytes * 1e6 : NetCosts{}.copyBytesPerSec;
   } else if (measure && rank == peer) {
     probePeer(global, 0, linkMbit == 0);
   }
@@ -108,18 +110,21 @@ NetCosts agreeNetCosts(c10d::Backend& global, const HostLayout& layout, int rank
   o.rootRank = 0;
   global.broadcast(t, o)->wait();
   const auto* v = agreed.data_ptr<double>();
-  NetCosts c;  // copyBytesPerSec keeps its default (plan_types.h says why)
+  NetCosts c;
   c.messageSec = v[0];
   c.linkBytesPerSec = v[1];
+  c.copyBytesPerSec = v[2];  // configured or the default (plan_types.h says why it is not measured)
   return c;
 }
 
 std::string describeNetCosts(const NetCosts& c) {
   const bool messageSet = config::isSet("HOCCL_NET_MESSAGE_US"), linkSet = config::isSet("HOCCL_NET_LINK_MBIT");
-  char line[200];
-  std::snprintf(line, sizeof line, "message %.0f us (%s), link %.3f GB/s (%s), host legs %.2f GB/s (fixed)",
+  const bool relaySet = config::isSet("HOCCL_NET_RELAY_MBYTES");
+  char line[220];
+  std::snprintf(line, sizeof line, "message %.0f us (%s), link %.3f GB/s (%s), relay copies %.2f GB/s (%s)",
                 c.messageSec * 1e6, messageSet ? "HOCCL_NET_MESSAGE_US" : "measured", c.linkBytesPerSec / 1e9,
-                linkSet ? "HOCCL_NET_LINK_MBIT" : "measured", c.copyBytesPerSec / 1e9);
+                linkSet ? "HOCCL_NET_LINK_MBIT" : "measured", c.copyBytesPerSec / 1e9,
+                relaySet ? "HOCCL_NET_RELAY_MBYTES" : "default");
   return line;
 }
 
