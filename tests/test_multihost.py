@@ -5,6 +5,7 @@ Layouts: 2x2, three hosts with 2, 1 and 2 ranks, two hosts of one rank, and an i
 placement (group ranks 0 and 2 on one host, 1 and 3 on the other: a group built over a
 permutation of the job's ranks)."""
 import os
+import re
 import time
 
 import pytest
@@ -194,6 +195,9 @@ def test_costs_across_hosts_are_measured_at_creation_and_agree():
         assert len(set(printed.values())) == 1, f"ranks disagree: {printed}"
         assert printed[0][1] == printed[0][3] == "measured", printed[0]
         assert printed[0][4:] == (1.0, "default") and costs["copy_bytes_per_s"] == 1e9, (printed[0], costs)
+        engines = sorted(hit.groups() for h in range(hosts.count) for l in job.log(h).splitlines()
+                         if (hit := re.search(r"\[hoccl rank (\d+)\] network engine across hosts: (\S+)", l)))
+        assert engines == [(str(r), "gloo") for r in range(4)], engines
 
         forms = []
         for message_us, relay_mbytes in ((1, None), (100_000, None), (1000, 1), (1000, None)):

@@ -48,12 +48,21 @@ HostSpan::HostSpan(ProcessGroupHOCCL& group, InterHostGroups groups, int64_t lea
   for (int r = 0; r < size_; ++r) allRanks_.push_back(r);
   pg_.timeout_ = hostLegTimeout(timeout_);
   framed_ = std::make_shared<FramedP2P>(groups_.p2p, rank_, timeout_);
-  net_ = std::make_unique<GlooNetTransport>(framed_, size_, [this](int peer) {
+  NetEngineContext engine;
+  engine.rank = rank_;
+  engine.world = size_;
+  engine.timeout = timeout_;
+  engine.framed = framed_;
+  engine.peerName = [this](int peer) {
     return "rank " + std::to_string(peer) + " on " + layout_.describeHost(layout_.hostOf(peer));
-  });
+  };
+  NetEngine chosen = createNetEngine(engine);
+  net_ = std::move(chosen.transport);
+  netEngine_ = chosen.name;
   netCosts_ = agreeNetCosts(*groups_.global, layout_, rank_);
   if (config::text("HOCCL_DEBUG") != "off")
-    std::fprintf(stderr, "[hoccl rank %d] costs across hosts: %s\n", rank_, describeNetCosts(netCosts_).c_str());
+    std::fprintf(stderr, "[hoccl rank %d] network engine across hosts: %s\n[hoccl rank %d] costs across hosts: %s\n",
+                 rank_, netEngine_, rank_, describeNetCosts(netCosts_).c_str());
   joinHostGroup();
 }
 
@@ -74,7 +83,10 @@ void HostSpan::joinHostGroup() {
 
 HostSpan::~HostSpan() { stopNetwork(); }
 
-void HostSpan::stopNetwork() { net_->abort("the process group was shut down"); }  // stops framed_
+void HostSpan::stopNetwork() {
+  net_->abort("the process group was shut down");
+  framed_->stop("the process group was shut down");  // user send/recv between hosts
+}
 
 // The group shuts down after this (ProcessGroupHOCCL::abort).
 void HostSpan::abort() {
@@ -84,7 +96,8 @@ void HostSpan::abort() {
   }
   for (auto* g : {groups_.rail.get(), groups_.global.get(), groups_.p2p.get()}) g->abort();
   pg_.abortWith("hoccl: rank " + std::to_string(rank_) + " called abort()");
-  net_->abort("rank " + std::to_string(rank_) + " called abort()");  // stops framed_
+  net_->abort("rank " + std::to_string(rank_) + " called abort()");
+  framed_->stop("rank " + std::to_string(rank_) + " called abort()");
 }
 
 void HostSpan::setTimeout(std::chrono::milliseconds timeout) {

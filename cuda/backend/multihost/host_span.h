@@ -24,7 +24,8 @@
 #include <thread>
 
 #include "backend/multihost/alltoall_forms.h"
-#include "transport/net/gloo/gloo_net_transport.h"
+#include "transport/net/engines.h"
+#include "transport/net/gloo/framed_p2p.h"
 #include "backend/multihost/host_layout.h"
 #include "backend/process_group.h"
 #include "backend/work.h"
@@ -194,7 +195,8 @@ class HostSpan {
   at::Tensor scratch_;
   uint32_t crossTags_ = 0;
   std::shared_ptr<FramedP2P> framed_;  // send/recv over groups_.p2p
-  std::unique_ptr<GlooNetTransport> net_;  // plans' network transfers, on framed_
+  std::unique_ptr<NetTransport> net_;  // plans' network transfers (transport/net/engines.h)
+  const char* netEngine_ = "";         // its row's name
   std::optional<c10::Stream> comm_;    // CUDA tensors' comm stream (caller's thread only)
 };
 
