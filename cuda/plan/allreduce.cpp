@@ -3,7 +3,8 @@
 //            1 barrier per chunk: lowest latency, W x the reduction reads. For small messages.
 //  rs-ag:    reduce-scatter then all-gather through the same slots: each rank stages the parts
 //            its peers reduce, barrier, reduces its 1/W of the chunk (its own input and the
-//            peers' slots) into its own slot, barrier, everyone copies the W reduced parts out.
+//            peers' slots) into its own slot, barrier, everyone copies the W reduced parts out,
+//            its own first.
 //            2 barriers per chunk, each byte read ~3 times in all: for large messages.
 #include "plan/plan.h"
 #include "plan/plan_util.h"
@@ -55,7 +56,11 @@ Plan planAllReduceRsAg(const PlanRequest& req) {
                                      myHi - myLo, true));
     }
     p.steps.push_back(Step::barrier());
-    for (int r = 0; r < W; ++r) {
+    // My own part first, then from the next rank on: my part is in my cache, and no rank's part
+    // is every rank's first read while its owner still holds it (world 2, fp32 1-3 MB: 1.2-1.5x
+    // faster than every rank starting at rank 0; docs/inference_allreduce.md).
+    for (int i = 0; i < W; ++i) {
+      const int r = (req.rank + i) % W;
       auto [lo, hi] = balancedRange(elems, W, r);
       if (hi > lo)
         p.steps.push_back(Step::copy(Loc::out(0, off + lo * req.elemSize),
