@@ -243,7 +243,10 @@ class HostsReduction {
   void copyOut(int j) {
     if (!copyOut_) return;
     if (rooted_ && me_ != req_.root) return;
-    for (int m = 0; m < owners_; ++m) {
+    // My own share first, then from the next one on (as on one host: plan/allreduce.cpp).
+    const int first = myShare_ >= 0 ? myShare_ : local_ % owners_;
+    for (int i = 0; i < owners_; ++i) {
+      const int m = (first + i) % owners_;
       const int owner = ownerRank(host_, m);
       if ((rooted_ || direct_) && owner == me_) continue;  // already in my output
       auto [lo, hi] = share(j, m);
