@@ -21,13 +21,13 @@ def _create(store, rank: int, size: int, timeout: timedelta, global_ranks=None):
     # only from the store, so a group across hosts builds the scheduler too, as that check, and
     # does not plan with it (its all_to_all is priced by VarioPath's cost model across hosts).
     alltoall = _alltoall_scheduler(rank, size, global_ranks)
-    if size > 1:
-        names, _ = _C.host_table(store, rank, size, timeout)
-        if len(names) > 1:
-            from hoccl_backend import multihost
+    # The group exchanges the host table as it is created; one on several hosts is then joined
+    # to its hosts.
+    pg = _C.ProcessGroupHOCCL(store, rank, size, timeout, spans_hosts=True)
+    if len(pg.hosts()) > 1:
+        from hoccl_backend import multihost
 
-            return multihost.create(store, rank, size, timeout)
-    pg = _C.ProcessGroupHOCCL(store, rank, size, timeout)
+        return multihost.span(pg, store, rank, size, timeout)
     if alltoall is not None:
         pg.set_alltoall_scheduler(alltoall[0])
     return pg

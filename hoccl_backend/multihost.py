@@ -6,7 +6,7 @@ shared memory, steps across hosts on torch's ProcessGroupGloo (all_gather of mid
 even hosts may still run as legs, see docs/multihost.md). The gloo groups cannot be built from
 C++ against the torch wheel (its gloo headers are not shipped), so they are built here and
 handed over; the C++ group owns them from then on. Every rank creates its groups in one
-canonical order (the hoccl group, global, p2p, its rail): gloo's constructor connects its full
+canonical order (the hoccl group, which exchanges the host table, then global, p2p, its rail): gloo's constructor connects its full
 mesh and blocks until every member has arrived.
 """
 from __future__ import annotations
@@ -39,7 +39,9 @@ def inter_host_address() -> str:
         return ""
 
 
-def create(store, rank: int, size: int, timeout: timedelta):
+def span(pg, store, rank: int, size: int, timeout: timedelta):
+    """Joins `pg`, a group created with spans_hosts whose host table names several hosts, to
+    its hosts: builds its gloo groups and hands them over. Returns pg."""
     import torch.distributed as dist
 
     from hoccl_backend import _C
@@ -48,7 +50,6 @@ def create(store, rank: int, size: int, timeout: timedelta):
     if engine != "gloo":  # the table admits gloo only today; this guards the day it admits more
         raise ValueError(f"hoccl process group creation on rank {rank}: HOCCL_INTER_HOST={engine} "
                          "is not available in this build")
-    pg = _C.ProcessGroupHOCCL(store, rank, size, timeout, spans_hosts=True)
     ranks_of = pg.hosts()  # the group's host table: its rails and the layout its plans use
     local_rank = next(ranks.index(rank) for ranks in ranks_of if rank in ranks)
 

@@ -14,7 +14,6 @@
 #include "common/config.h"
 #include "backend/core_sharing.h"
 #include "backend/thread_scan.h"
-#include "backend/host_table.h"
 #include "backend/multihost/host_span.h"
 #include "varipath/scheduler.h"
 
@@ -83,16 +82,6 @@ PYBIND11_MODULE(_C, m) {
           "what crossing hosts costs, as plans and all_to_all's form weigh it: the same on every rank")
       .def("hosts", &hoccl::ProcessGroupHOCCL::hostRanks, "ranks of each host, hosts in order of their lowest rank");
 
-  m.def(
-      "host_table",
-      [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout) {
-        // A bad variable must fail every rank before any of them waits on the store.
-        hoccl::HocclConfig::forGroupCreation(rank, size);
-        auto t = hoccl::HostTable::exchange(store, rank, size, timeout);
-        return std::make_pair(t.names, t.hostOf);
-      },
-      py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::call_guard<py::gil_scoped_release>(),
-      "(host identities in order of their lowest rank, host index of each rank): collective over the store");
   m.def(
       "describe_plan",
       [](const std::string& kind, int rank, int world, int64_t bytes, int64_t elemSize, int64_t slotBytes,
