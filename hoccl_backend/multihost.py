@@ -6,8 +6,8 @@ shared memory, steps across hosts on torch's ProcessGroupGloo (all_gather of mid
 even hosts may still run as legs, see docs/multihost.md). The gloo groups cannot be built from
 C++ against the torch wheel (its gloo headers are not shipped), so they are built here and
 handed over; the C++ group owns them from then on. Every rank creates its groups in one
-canonical order (the hoccl group, which exchanges the host table, then global, p2p, its rail): gloo's constructor connects its full
-mesh and blocks until every member has arrived.
+canonical order (the hoccl group, which exchanges the host table, then global, p2p, its rail):
+gloo's constructor connects its full mesh and blocks until every member has arrived.
 """
 from __future__ import annotations
 

@@ -150,8 +150,6 @@ def test_every_op_interleaved_placement(path):
 
 
 def _costs_lines(job, count):
-    import re
-
     lines = [l for h in range(count) for l in job.log(h).splitlines() if "costs across hosts" in l]
     pattern = (r"\[hoccl rank (\d+)\] costs across hosts: message (\d+) us \((\S+)\), link ([\d.]+) GB/s \((\S+)\), "
                r"relay copies ([\d.]+) GB/s \((\S+)\)")

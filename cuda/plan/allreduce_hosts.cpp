@@ -243,7 +243,7 @@ class HostsReduction {
   void copyOut(int j) {
     if (!copyOut_) return;
     if (rooted_ && me_ != req_.root) return;
-    // My own share first, then from the next one on (as on one host: plan/allreduce.cpp).
+    // My own share first, then from the next one on (as on one host: rankFromMe, plan_util.h).
     const int first = myShare_ >= 0 ? myShare_ : local_ % owners_;
     for (int i = 0; i < owners_; ++i) {
       const int m = (first + i) % owners_;

@@ -22,8 +22,8 @@ void allReduce(const PlanRequest& req, Plan& p) {
   auto [lo, hi] = balancedRange(elems, req.world, req.rank);
   if (hi > lo) p.steps.push_back(reduceFromAllInputs(req, Loc::out(0, lo * req.elemSize), 0, lo, hi));
   p.steps.push_back(Step::barrier());
-  for (int i = 1; i < req.world; ++i) {  // from the next rank on: no peer is every reader's first
-    const int r = (req.rank + i) % req.world;
+  for (int i = 1; i < req.world; ++i) {
+    const int r = rankFromMe(req, i);
     auto [a, b] = balancedRange(elems, req.world, r);
     if (b > a)
       p.steps.push_back(Step::copy(Loc::out(0, a * req.elemSize), Loc::peerOut(r, 0, a * req.elemSize),
@@ -46,8 +46,8 @@ Plan planDirectRead(const PlanRequest& req) {
     case OpKind::AllGather:
     case OpKind::Gather:
       if (req.kind == OpKind::Gather && !root) break;
-      for (int i = 0; i < req.world; ++i) {  // own block first, then from the next rank on
-        const int r = (req.rank + i) % req.world;
+      for (int i = 0; i < req.world; ++i) {
+        const int r = rankFromMe(req, i);
         p.steps.push_back(Step::copy(Loc::out(r, 0), r == req.rank ? Loc::in(0, 0) : Loc::peerIn(r, 0, 0), n));
       }
       break;

@@ -17,9 +17,8 @@ Plan planAllGather(const PlanRequest& req, bool onlyRoot) {
     if (writer) p.steps.push_back(Step::copy(Loc::slot(req.rank, b, 0), Loc::in(0, off), n));
     p.steps.push_back(Step::barrier());
     if (!reader) return;
-    // Each reader starts at the next rank, so that no slot is every reader's first.
     for (int i = 1; i < req.world; ++i) {
-      const int r = (req.rank + i) % req.world;
+      const int r = rankFromMe(req, i);
       p.steps.push_back(Step::copy(Loc::out(r, off), Loc::slot(r, b, 0), n));
     }
   });

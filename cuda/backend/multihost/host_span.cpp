@@ -51,7 +51,6 @@ HostSpan::HostSpan(ProcessGroupHOCCL& group, InterHostGroups groups, int64_t lea
   NetEngineContext engine;
   engine.rank = rank_;
   engine.world = size_;
-  engine.timeout = timeout_;
   engine.framed = framed_;
   engine.peerName = [this](int peer) {
     return "rank " + std::to_string(peer) + " on " + layout_.describeHost(layout_.hostOf(peer));

@@ -3,7 +3,6 @@
 // folder under transport/net/ implementing NetTransport (transport/net_transport.h); adding one
 // is that folder and its row (cuda/README.md, "Recipe: add a transport").
 #pragma once
-#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -17,7 +16,6 @@ class FramedP2P;
 // What the group hands an engine to build itself from.
 struct NetEngineContext {
   int rank = 0, world = 0;
-  std::chrono::milliseconds timeout{0};
   // Framed gloo messages over the group's point-to-point gloo group (its own send/recv between
   // hosts use them too; gloo's engine shares them).
   std::shared_ptr<FramedP2P> framed;
