@@ -4,8 +4,8 @@ Its results are checked against an independent reference (every rank's input reb
 seed and reduced in rank order, accumulating 16-bit types in float as hoccl documents) and must
 equal ``dist.all_reduce`` on the same group bit for bit: worlds 2 and 3, fp32/bf16/fp16/int32,
 sum/avg/max, sizes on both sides of the inline, one-shot, staged-round and direct-read
-thresholds, shared and non-contiguous tensors, and inside a ``torch.compile``d function; the
-same on a group spanning namespaced hosts. Bad input raises naming the op and the rank.
+thresholds, shared and non-contiguous tensors, behind a queued asynchronous op, and inside a
+``torch.compile``d function; the same on a group spanning namespaced hosts. Bad input raises naming the op and the rank.
 """
 import pytest
 import torch
@@ -85,6 +85,13 @@ def direct_job(rank, world, across_hosts=False):
     torch.ops.hoccl.all_reduce_(view, handle)
     strided_ok = torch.equal(view, summed(2000, 998)[::2]) \
         and torch.equal(base[1::2], _input(rank, 2000, torch.float32, 998)[1::2])
+    # behind an asynchronous op still queued or running: the direct op waits its turn
+    big = _input(rank, (2 << 20) // 4, torch.float32, 996)
+    work = dist.all_reduce(big, async_op=True)
+    small = _input(rank, 1000, torch.float32, 995)
+    torch.ops.hoccl.all_reduce_(small, handle)
+    work.wait()
+    queued_ok = torch.equal(small, summed(1000, 995)) and torch.equal(big, summed((2 << 20) // 4, 996))
     # traced by torch.compile as an op that mutates its argument
     compiled = torch.compile(lambda t: torch.ops.hoccl.all_reduce_(t, handle) or t * 2,
                              backend="aot_eager", fullgraph=True)
@@ -92,7 +99,7 @@ def direct_job(rank, world, across_hosts=False):
     out = compiled(c)
     ref = summed(300, 997)
     compile_ok = torch.equal(c, ref) and torch.equal(out, ref * 2)
-    return {"mismatches": mismatches, "shared": shared_ok, "strided": strided_ok,
+    return {"mismatches": mismatches, "shared": shared_ok, "strided": strided_ok, "queued": queued_ok,
             "compile": compile_ok, "errors": _errors(rank, world, handle, across_hosts)}
 
 
@@ -130,7 +137,7 @@ def _errors(rank, world, handle, mismatch_breaks_group):
 def _check(rank, res, refused_group):
     """One rank's results of direct_job; refused_group: what direct_handle says of a gloo group."""
     assert res["mismatches"] == [], (rank, res["mismatches"][:5])
-    assert res["shared"] and res["strided"] and res["compile"], res
+    assert res["shared"] and res["strided"] and res["queued"] and res["compile"], res
     e = res["errors"]
     assert "no hoccl group has handle" in e["bad_handle"]
     assert "unknown op 'median'" in e["bad_op"]

@@ -35,6 +35,11 @@ class OpQueue {
   // coalesced group either way. Throws once the queue is stopped.
   void submit(const c10::intrusive_ptr<WorkHOCCL>& work, Body body, bool mayRunHere,
               const AroundInline& around = nullptr);
+  // Runs `fn` on this thread at once when nothing is queued, running or coalescing (issue order
+  // holds) and returns true; returns false, running nothing, otherwise. No Work: for callers that
+  // would only wait on it (the direct all_reduce). Its exceptions reach the caller.
+  template <class Fn>
+  bool runIfIdle(Fn&& fn);
   // A work that another engine completes (send/recv) joins the coalesced group, if one is open.
   void track(const c10::intrusive_ptr<c10d::Work>& work);
   void startCoalescing();
@@ -57,5 +62,32 @@ class OpQueue {
   std::vector<c10::intrusive_ptr<c10d::Work>> coalesced_;
   std::thread worker_;
 };
+
+template <class Fn>
+bool OpQueue::runIfIdle(Fn&& fn) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    TORCH_CHECK(!stopping_, "hoccl: rank ", rank_, ": the process group was shut down");
+    if (!queue_.empty() || busy_ || coalescing_) return false;
+    busy_ = true;
+  }
+  auto release = [this] {
+    bool wakeWorker;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      busy_ = false;
+      wakeWorker = !queue_.empty() || stopping_;
+    }
+    if (wakeWorker) cv_.notify_one();
+  };
+  try {
+    fn();
+  } catch (...) {
+    release();
+    throw;
+  }
+  release();
+  return true;
+}
 
 }  // namespace hoccl
