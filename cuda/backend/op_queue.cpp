@@ -31,6 +31,10 @@ void OpQueue::submit(const c10::intrusive_ptr<WorkHOCCL>& work, Body body, bool 
     around([&] { run(work, body); });
   else
     run(work, body);
+  endInline();
+}
+
+void OpQueue::endInline() {
   bool wakeWorker;
   {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -50,6 +50,9 @@ class OpQueue {
 
  private:
   static void run(const c10::intrusive_ptr<WorkHOCCL>& work, const Body& body);
+  // After an op ran on a caller's thread: the queue is free again; wakes the worker if ops
+  // queued up meanwhile.
+  void endInline();
   void workerLoop();
 
   int rank_;
@@ -71,22 +74,13 @@ bool OpQueue::runIfIdle(Fn&& fn) {
     if (!queue_.empty() || busy_ || coalescing_) return false;
     busy_ = true;
   }
-  auto release = [this] {
-    bool wakeWorker;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      busy_ = false;
-      wakeWorker = !queue_.empty() || stopping_;
-    }
-    if (wakeWorker) cv_.notify_one();
-  };
   try {
     fn();
   } catch (...) {
-    release();
+    endInline();
     throw;
   }
-  release();
+  endInline();
   return true;
 }
 
