@@ -146,6 +146,11 @@ def _time_round(op, buf, group, iters):
 
 
 IDLE = "hoccl idle"  # --busy: hoccl timed with the compute threads parked
+# hoccl's wait policy (HOCCL_WAIT_POLICY=auto) samples the machine's runnable threads with its
+# ops, at most every 50 ms, and calls cores shared while 2 of the last 5 intervals' samples saw
+# too many: after parking, the idle turn waits out those 250 ms, so that its first op's sample
+# speaks for all five and no op of the turn sleeps at its barriers as on busy cores.
+IDLE_SETTLE_S = 0.3
 
 
 def timed_turns(backends: list[str], busy: int) -> list[str]:
@@ -157,6 +162,7 @@ def _time_turn(name, op, bufs, groups, iters, compute):
     if name != IDLE:
         return _time_round(op, bufs[name], groups[name], iters)
     compute.pause()
+    time.sleep(IDLE_SETTLE_S)
     try:
         return _time_round(op, bufs["hoccl"], groups["hoccl"], iters)
     finally:

@@ -1,5 +1,6 @@
 """Shared cores (issue 33): ranks decide from the whole job and the machine whether their cores are
-shared, and a group stages all_reduce in one round while they are. Results must not depend on
+shared (no spinning, no yields beside the job's own compute, plans across hosts on a worker
+thread), and all_reduce stages in one round unless told otherwise. Results must not depend on
 the mode: every size around the thresholds the mode moves is checked bitwise against an
 independent rank-order reference and against the other mode, at worlds 2, 3 and 4. None of these
 tests is timed; the benchmark (`bench --busy`) measures."""
@@ -98,15 +99,14 @@ def _barriers_per_op(stderr: str, nbytes: int) -> list[int]:
     return [int(n) for n in re.findall(pattern, stderr)]
 
 
-@pytest.mark.parametrize("policy,barriers", [("busy", 2), ("idle", 16)])
-def test_busy_mode_stages_a_1mib_all_reduce_in_one_round(capfd, policy, barriers):
-    # rs-ag: 2 barriers per round; idle rounds are 128 KiB (8 of them for 1 MiB).
-    env = {"HOCCL_DEBUG": "TRACE", "HOCCL_WAIT_POLICY": policy}
+@pytest.mark.parametrize("policy,rounds,barriers", [("busy", "auto", 2), ("idle", "auto", 2), ("idle", "128K", 16),
+                                                    ("busy", "128K", 16)])
+def test_a_1mib_all_reduce_stages_in_one_round_unless_told_otherwise(capfd, policy, rounds, barriers):
+    # rs-ag: 2 barriers per round, one round of the whole slot by default, 8 of 128 KiB when set.
+    env = {"HOCCL_DEBUG": "TRACE", "HOCCL_WAIT_POLICY": policy, "HOCCL_STAGED_ROUND_BYTES": rounds}
     assert run_ranks(traced_all_reduces, 2, 1 << 20, 3, env=env, timeout=180) == [8.0, 8.0]  # 1 doubled 3 times
     counts = _barriers_per_op(capfd.readouterr().err, 1 << 20)
-    assert len(counts) == 6, counts  # 3 ops on 2 ranks
-    # The first op runs before the group has agreed: idle rounds whatever the policy.
-    assert counts[2:] == [barriers] * 4, counts
+    assert counts == [barriers] * 6, counts  # 3 ops on 2 ranks
 
 
 def subgroup_after_the_job(rank, world, nbytes):
@@ -280,6 +280,33 @@ def test_the_compute_sampler_scans_when_cpu_time_says_the_answer_may_have_change
     ]
     got = _C.replay_compute_sampler([(ms, cpu, found) for ms, cpu, found, _, _ in steps])
     assert got == [(scanned, computing) for *_, scanned, computing in steps], got
+
+
+def test_the_load_sampler_needs_two_of_five_samples_and_lets_pauses_age_them_out():
+    from hoccl_backend import _C
+
+    # (ms, the machine over its CPUs at that op) -> (sampled, loaded). A sample every 50 ms at
+    # most; loaded while two of the last five intervals' samples were over.
+    steps = [
+        (0, False, True, False),    # the first op samples: an idle machine
+        (10, True, False, False),   # within the interval: no sample
+        (50, True, True, False),    # one stray sample over does not flip it...
+        (100, False, True, False),
+        (150, True, True, True),    # ...a second within five intervals does
+        (200, False, True, True),
+        (250, False, True, True),
+        (300, False, True, False),  # the sample at 50 left the last five
+        (350, False, True, False),
+        (400, True, True, False),
+        (450, True, True, True),    # a lasting load flips it within two samples
+        (2000, False, True, False),  # after a pause without ops the pause's end speaks for it...
+        (2100, True, True, True),   # ...both ways (two intervals since the last sample)
+        (2130, False, False, True),
+        (2160, False, True, True),  # the interval before 2100 counts as over too
+        (2210, False, True, True),
+    ]
+    got = _C.replay_load_sampler([(ms, over) for ms, over, _, _ in steps])
+    assert got == [(sampled, loaded) for *_, sampled, loaded in steps], got
 
 
 def modes_around_compute(rank, world, cpu, ops):

@@ -341,9 +341,9 @@ def check_all_reduce_thresholds(rank, world):
     return seen
 
 
-def test_all_reduce_stages_in_rounds_below_its_direct_read_size():
+def test_all_reduce_stages_below_its_direct_read_size():
     # Defaults: other ops read peers directly from 256 KiB, all_reduce stages below 4 MiB (in
-    # 128 KiB rounds) and reads directly from there.
+    # one round of the slot) and reads directly from there.
     for seen in run_ranks(check_all_reduce_thresholds, 2):
         assert seen == ["allreduce/rs-ag", "allreduce/rs-ag", "all_reduce/direct-read"], seen
 

@@ -91,14 +91,19 @@ int runnableThreadsNow() {
 
 LoadSampler::LoadSampler(std::chrono::milliseconds interval) : interval_(interval) {}
 
-bool LoadSampler::overloaded(std::chrono::steady_clock::time_point now, int capacity) {
-  if (samples_ == 0 || now - lastSample_ >= interval_) {
-    lastSample_ = now;
-    history_ = ((history_ << 1) | (runnableThreadsNow() > capacity ? 1u : 0u)) & 0x1f;
-    samples_ = std::min(samples_ + 1, 5);
-  }
-  return __builtin_popcount(history_) >= 2;
+bool LoadSampler::due(std::chrono::steady_clock::time_point now) const {
+  return samples_ == 0 || now - lastSample_ >= interval_;
 }
+
+void LoadSampler::note(std::chrono::steady_clock::time_point now, bool over) {
+  constexpr int64_t kWindow = 5;
+  const int64_t intervals = samples_ == 0 ? kWindow : std::min<int64_t>(kWindow, (now - lastSample_) / interval_);
+  for (int64_t i = 0; i < std::max<int64_t>(1, intervals); ++i) history_ = ((history_ << 1) | (over ? 1u : 0u)) & 0x1f;
+  lastSample_ = now;
+  samples_ = std::min(samples_ + 1, 5);
+}
+
+bool LoadSampler::overloaded() const { return __builtin_popcount(history_) >= 2; }
 
 bool tasksGrouped() {
   static const bool grouped = [] {
@@ -219,7 +224,8 @@ CoreSharing coreSharingNow(WaitPolicy policy) {
   s.tasksGrouped = tasksGrouped();
   std::lock_guard<std::mutex> lock(mutex);
   const auto now = std::chrono::steady_clock::now();
-  s.loaded = load.overloaded(now, std::max(onlineCpus(), s.ranks));
+  if (load.due(now)) load.note(now, runnableThreadsNow() > std::max(onlineCpus(), s.ranks));
+  s.loaded = load.overloaded();
   if (decideCoreSharing(s) == CoreSharing::None) return CoreSharing::None;  // whatever computes: no scan
   noteOthersCpu(compute, now);
   if (compute.due(now)) {

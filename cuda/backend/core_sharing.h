@@ -37,12 +37,16 @@ int runnableThreadsNow();
 
 // The machine-load part of the decision, sampled at most every `interval` (a read of
 // /proc/loadavg costs a few microseconds, an op as little as a few): loaded while at least two
-// of the last five samples saw more runnable threads than `capacity` (one stray kernel thread
-// does not flip it, a lasting load does within ~100 ms).
+// of the last five intervals' samples saw more runnable threads than the capacity (one stray
+// kernel thread does not flip it, a lasting load does within ~100 ms). Samples come with ops
+// only; intervals that passed without one take the sample that ends them, so the history of a
+// burst of ops before a pause (the model's compute between them) does not decide the next burst.
 class LoadSampler {
  public:
   explicit LoadSampler(std::chrono::milliseconds interval = std::chrono::milliseconds(50));
-  bool overloaded(std::chrono::steady_clock::time_point now, int capacity);
+  bool due(std::chrono::steady_clock::time_point now) const;
+  void note(std::chrono::steady_clock::time_point now, bool over);
+  bool overloaded() const;
 
  private:
   std::chrono::milliseconds interval_;

@@ -184,9 +184,8 @@ class ProcessGroupHOCCL : public c10d::Backend {
   std::shared_ptr<const Plan> allToAllPlan(Collective& c, const std::vector<int64_t>& matrix, bool published);
   bool everySplitIs(uint32_t parity, int64_t bytes) const;
   void promoteReusedBuffers(const Collective& c, bool peersRead);
-  // Also records whether any rank saw shared cores (groupCoresShared_), read from the same table.
+  // Also records whether any rank saw the job's own compute (groupOtherWork_), from the same table.
   void validateDescriptors(const Collective& c, uint32_t parity);
-  bool anyRankSawSharedCores(uint32_t parity) const;
   // Decides this op's view of the cores and publishes it in its descriptor (core_sharing.h).
   void noteCoreSharing(Collective& c);
   void validateSplits(const Collective& c, uint32_t parity) const;
@@ -272,10 +271,9 @@ class ProcessGroupHOCCL : public c10d::Backend {
   std::unique_ptr<P2PEngine> p2p_;
   std::mutex p2pMutex_;
   uint32_t opSeq_ = 0;  // worker thread only
-  // Whether any rank saw shared cores at the last op with validated descriptors: every rank reads
-  // the same descriptors, so all stage the next ops in the same rounds. Worker thread only.
-  bool groupCoresShared_ = false;
-  bool groupOtherWork_ = false;  // the same for the job's own compute (coresShared == 2): no yields
+  // Whether any rank saw the job's own compute (coresShared == 2) at the last op with validated
+  // descriptors: then no rank yields. Worker thread only.
+  bool groupOtherWork_ = false;
   std::atomic<CoreSharing> lastCoreSharing_{CoreSharing::None};
   uint64_t monitoredBarriers_ = 0;  // calls so far: keys of each call are fresh
 

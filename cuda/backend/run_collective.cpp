@@ -28,12 +28,6 @@ void ProcessGroupHOCCL::checkWait(const Collective& c, int peer) {
   }
 }
 
-bool ProcessGroupHOCCL::anyRankSawSharedCores(uint32_t parity) const {
-  for (int r = 0; r < localSize_; ++r)
-    if (group_->control(r).desc[parity].coresShared) return true;
-  return false;
-}
-
 static bool anyRankSawOtherWork(const ShmGroup& group, int size, uint32_t parity) {
   for (int r = 0; r < size; ++r)
     if (group.control(r).desc[parity].coresShared == 2) return true;
@@ -56,7 +50,6 @@ void ProcessGroupHOCCL::noteCoreSharing(Collective& c) {
 }
 
 void ProcessGroupHOCCL::validateDescriptors(const Collective& c, uint32_t parity) {
-  groupCoresShared_ = anyRankSawSharedCores(parity);
   groupOtherWork_ = anyRankSawOtherWork(*group_, localSize_, parity);
   const OpDesc& mine = c.ctx.desc;
   bool agree = true;  // the common case, checked without building any message
@@ -121,17 +114,17 @@ int64_t ProcessGroupHOCCL::crossMemoryMinBytes(OpKind kind) const {
   return config_.crossMemoryMinBytes;
 }
 
-// Measured at worlds 2 and 4 (docs/mpi_comparison.md): all_reduce from 512 KiB to 2 MiB runs
-// ~15 % faster in 128 KiB rounds than in one slot on idle cores; all_to_all is slower in rounds.
-// On shared cores each round's barrier waits for the last rank to be scheduled again, so
-// all_reduce takes the whole slot (world 4, 2 cores, loaded: 1 MiB in 2.5-2.8 instead of 17-23
-// ms, issue 33). The group's agreed view decides: every rank must stage in the same rounds.
+// One round of the whole slot unless HOCCL_STAGED_ROUND_BYTES says otherwise: every round costs
+// barriers, and on shared cores each waits for the last rank to be scheduled again (world 4, 2
+// cores, loaded: 1 MiB in 2.5-2.8 instead of 17-23 ms in 128 KiB rounds). On idle cores the
+// rounds no longer pay either since rs-ag stopped staging each rank's own part: world 2, groups of
+// both kinds taking turns in one job, the whole slot took 0.45-0.51x the time of 128 KiB rounds
+// from 512 KiB to 3 MiB while the VM ran fast, 0.83-0.99x while it ran slow, 0.79x and level at
+// 256 KiB (docs/benchmarks.md, 2026-12-07). Every rank stages in the same rounds.
 int64_t ProcessGroupHOCCL::stagingRoundBytes(OpKind kind, int64_t payloadBytes) const {
   const int64_t slot = static_cast<int64_t>(group_->slotBytes());
-  if (payloadBytes >= crossMemoryMinBytes(kind)) return slot;
-  int64_t round = config_.stagedRoundBytes;
-  if (round == 0) round = kind == OpKind::AllReduce && !groupCoresShared_ ? (128 << 10) : slot;
-  return std::min(slot, round);
+  if (payloadBytes >= crossMemoryMinBytes(kind) || config_.stagedRoundBytes == 0) return slot;
+  return std::min(slot, config_.stagedRoundBytes);
 }
 
 std::shared_ptr<const Plan> ProcessGroupHOCCL::planFor(const PlanRequest& req) {

@@ -31,8 +31,7 @@ const std::vector<Variable> kTable = {
     {"HOCCL_CMA_MIN_BYTES", K::Bytes, R::Core, "256K", "", "payloads from this size use direct-read plans"},
     {"HOCCL_STAGED_ROUND_BYTES", K::Bytes, R::Core, "auto", "",
      "staged plans (below the cross-memory thresholds) move data in rounds of this many bytes per slot; auto: "
-     "128K for all_reduce (the whole slot while cores are shared, see HOCCL_WAIT_POLICY), the whole slot for "
-     "other ops"},
+     "the whole slot (one round)"},
     {"HOCCL_ALLREDUCE_CMA_MIN_BYTES", K::Bytes, R::Core, "auto", "",
      "all_reduce reads peers directly from this size up (and from HOCCL_CMA_MIN_BYTES); below, it stages; "
      "auto: 4M, or HOCCL_CMA_MIN_BYTES when that is set"},

@@ -177,6 +177,24 @@ PYBIND11_MODULE(_C, m) {
       py::arg("steps"),
       "the compute sampler fed [(ms, other threads' CPU us since the previous step, runnable threads a scan finds)]: "
       "[(scanned, computing)]");
+  m.def(
+      "replay_load_sampler",
+      [](const std::vector<std::pair<double, bool>>& steps) {
+        // Each step: (milliseconds, whether /proc/loadavg would show more runnable threads than
+        // the CPUs); after it: (whether it sampled, loaded).
+        hoccl::LoadSampler sampler;
+        std::vector<std::pair<bool, bool>> out;
+        for (const auto& [ms, over] : steps) {
+          const auto now = std::chrono::steady_clock::time_point{} +
+                           std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                               std::chrono::duration<double, std::milli>(ms));
+          const bool due = sampler.due(now);
+          if (due) sampler.note(now, over);
+          out.emplace_back(due, sampler.overloaded());
+        }
+        return out;
+      },
+      py::arg("steps"), "the load sampler fed [(ms, over the CPUs)]: [(sampled, loaded)]");
   m.def("host_identity", &hoccl::localHostIdentity,
         "this process's host identity (HOCCL_HOSTNAME, else hostname + boot, /dev/shm and namespaces)");
   bindCuda(m);
