@@ -148,8 +148,8 @@ def _time_round(op, buf, group, iters):
 IDLE = "hoccl idle"  # --busy: hoccl timed with the compute threads parked
 # hoccl's wait policy (HOCCL_WAIT_POLICY=auto) samples the machine's runnable threads with its
 # ops, at most every 50 ms, and calls cores shared while 2 of the last 5 intervals' samples saw
-# too many: after parking, the idle turn waits out those 250 ms, so that its first op's sample
-# speaks for all five and no op of the turn sleeps at its barriers as on busy cores.
+# too many (an interval without ops counts as not): after parking, the idle turn waits out those
+# 250 ms, so that no op of the turn sleeps at its barriers as on busy cores.
 IDLE_SETTLE_S = 0.3
 
 

@@ -282,7 +282,7 @@ def test_the_compute_sampler_scans_when_cpu_time_says_the_answer_may_have_change
     assert got == [(scanned, computing) for *_, scanned, computing in steps], got
 
 
-def test_the_load_sampler_needs_two_of_five_samples_and_lets_pauses_age_them_out():
+def test_the_load_sampler_needs_two_of_five_samples_and_pauses_age_them_out():
     from hoccl_backend import _C
 
     # (ms, the machine over its CPUs at that op) -> (sampled, loaded). A sample every 50 ms at
@@ -299,11 +299,12 @@ def test_the_load_sampler_needs_two_of_five_samples_and_lets_pauses_age_them_out
         (350, False, True, False),
         (400, True, True, False),
         (450, True, True, True),    # a lasting load flips it within two samples
-        (2000, False, True, False),  # after a pause without ops the pause's end speaks for it...
-        (2100, True, True, True),   # ...both ways (two intervals since the last sample)
-        (2130, False, False, True),
-        (2160, False, True, True),  # the interval before 2100 counts as over too
-        (2210, False, True, True),
+        (2000, False, True, False),  # intervals without ops count as not loaded: a pause ages
+        (2100, True, True, False),   # the history out, and one sample after it flips nothing...
+        (2130, False, False, False),
+        (2160, True, True, True),    # ...a second within the window does
+        (2300, False, True, True),   # two intervals: one unsampled, both samples over still in the last five
+        (2420, False, True, False),  # two more: the sample at 2100 leaves them
     ]
     got = _C.replay_load_sampler([(ms, over) for ms, over, _, _ in steps])
     assert got == [(sampled, loaded) for *_, sampled, loaded in steps], got

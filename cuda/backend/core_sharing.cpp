@@ -97,8 +97,9 @@ bool LoadSampler::due(std::chrono::steady_clock::time_point now) const {
 
 void LoadSampler::note(std::chrono::steady_clock::time_point now, bool over) {
   constexpr int64_t kWindow = 5;
-  const int64_t intervals = samples_ == 0 ? kWindow : std::min<int64_t>(kWindow, (now - lastSample_) / interval_);
-  for (int64_t i = 0; i < std::max<int64_t>(1, intervals); ++i) history_ = ((history_ << 1) | (over ? 1u : 0u)) & 0x1f;
+  const int64_t intervals = samples_ == 0 ? 1 : std::min<int64_t>(kWindow, (now - lastSample_) / interval_);
+  history_ = (intervals >= kWindow ? 0u : history_ << (intervals - 1)) & 0x1f;  // unsampled intervals
+  history_ = ((history_ << 1) | (over ? 1u : 0u)) & 0x1f;
   lastSample_ = now;
   samples_ = std::min(samples_ + 1, 5);
 }

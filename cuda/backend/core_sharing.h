@@ -39,8 +39,10 @@ int runnableThreadsNow();
 // /proc/loadavg costs a few microseconds, an op as little as a few): loaded while at least two
 // of the last five intervals' samples saw more runnable threads than the capacity (one stray
 // kernel thread does not flip it, a lasting load does within ~100 ms). Samples come with ops
-// only; intervals that passed without one take the sample that ends them, so the history of a
-// burst of ops before a pause (the model's compute between them) does not decide the next burst.
+// only; intervals that passed without one count as not loaded, so the history of a burst of ops
+// before a pause (the model's compute between them) ages out instead of deciding the next burst,
+// and one stray sample after a pause (another backend's threads finishing) does not flip it. The
+// job's own compute beside a rank is seen at once by ComputeSampler, not by this.
 class LoadSampler {
  public:
   explicit LoadSampler(std::chrono::milliseconds interval = std::chrono::milliseconds(50));
