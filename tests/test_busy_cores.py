@@ -99,8 +99,8 @@ def _barriers_per_op(stderr: str, nbytes: int) -> list[int]:
     return [int(n) for n in re.findall(pattern, stderr)]
 
 
-@pytest.mark.parametrize("policy,rounds,barriers", [("busy", "auto", 2), ("idle", "auto", 2), ("idle", "128K", 16),
-                                                    ("busy", "128K", 16)])
+@pytest.mark.parametrize("policy,rounds,barriers",
+                         [("busy", "auto", 2), ("idle", "auto", 2), ("idle", "128K", 16), ("busy", "128K", 16)])
 def test_a_1mib_all_reduce_stages_in_one_round_unless_told_otherwise(capfd, policy, rounds, barriers):
     # rs-ag: 2 barriers per round, one round of the whole slot by default, 8 of 128 KiB when set.
     env = {"HOCCL_DEBUG": "TRACE", "HOCCL_WAIT_POLICY": policy, "HOCCL_STAGED_ROUND_BYTES": rounds}
@@ -303,7 +303,7 @@ def test_the_load_sampler_needs_two_of_five_samples_and_pauses_age_them_out():
         (2100, True, True, False),   # the history out, and one sample after it flips nothing...
         (2130, False, False, False),
         (2160, True, True, True),    # ...a second within the window does
-        (2300, False, True, True),   # two intervals: one unsampled, both samples over still in the last five
+        (2300, False, True, True),   # two intervals, one unsampled: both over still in the last five
         (2420, False, True, False),  # two more: the sample at 2100 leaves them
     ]
     got = _C.replay_load_sampler([(ms, over) for ms, over, _, _ in steps])

@@ -5,7 +5,8 @@ seed and reduced in rank order, accumulating 16-bit types in float as hoccl docu
 equal ``dist.all_reduce`` on the same group bit for bit: worlds 2 and 3, fp32/bf16/fp16/int32,
 sum/avg/max, sizes on both sides of the inline, one-shot, staged-round and direct-read
 thresholds, shared and non-contiguous tensors, behind a queued asynchronous op, and inside a
-``torch.compile``d function; the same on a group spanning namespaced hosts. Bad input raises naming the op and the rank.
+``torch.compile``d function; the same on a group spanning namespaced hosts. Bad input raises
+naming the op and the rank.
 """
 import pytest
 import torch

@@ -92,16 +92,16 @@ int runnableThreadsNow() {
 LoadSampler::LoadSampler(std::chrono::milliseconds interval) : interval_(interval) {}
 
 bool LoadSampler::due(std::chrono::steady_clock::time_point now) const {
-  return samples_ == 0 || now - lastSample_ >= interval_;
+  return !sampled_ || now - lastSample_ >= interval_;
 }
 
 void LoadSampler::note(std::chrono::steady_clock::time_point now, bool over) {
   constexpr int64_t kWindow = 5;
-  const int64_t intervals = samples_ == 0 ? 1 : std::min<int64_t>(kWindow, (now - lastSample_) / interval_);
+  const int64_t intervals = sampled_ ? std::clamp<int64_t>((now - lastSample_) / interval_, 1, kWindow) : 1;
   history_ = (intervals >= kWindow ? 0u : history_ << (intervals - 1)) & 0x1f;  // unsampled intervals
   history_ = ((history_ << 1) | (over ? 1u : 0u)) & 0x1f;
   lastSample_ = now;
-  samples_ = std::min(samples_ + 1, 5);
+  sampled_ = true;
 }
 
 bool LoadSampler::overloaded() const { return __builtin_popcount(history_) >= 2; }

@@ -54,7 +54,7 @@ class LoadSampler {
   std::chrono::milliseconds interval_;
   std::chrono::steady_clock::time_point lastSample_{};
   uint32_t history_ = 0;  // bit i: sample i back was over the CPUs
-  int samples_ = 0;
+  bool sampled_ = false;
 };
 
 // Whether the job's own compute runs beside this process's ops, from snapshots of its runnable

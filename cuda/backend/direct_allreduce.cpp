@@ -92,8 +92,7 @@ void ProcessGroupHOCCL::allreduceNow(const at::Tensor& tensor, const c10d::Reduc
   // With nothing queued ahead it runs here, spinning as synchronous ops do, without the Work and
   // the queued body an asynchronous op needs (a fifth of a 4 KB op's time on this path).
   if (!capturing()) {
-    SpinAtLeast spin{std::chrono::microseconds(coresShared() ? config_.sharedCallerSpinMicros
-                                                             : config_.callerSpinMicros)};
+    SpinAtLeast spin{callerSpin()};
     if (queue_.runIfIdle([&] {
           issued_.fetch_add(1);
           body();

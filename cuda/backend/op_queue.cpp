@@ -20,7 +20,7 @@ void OpQueue::submit(const c10::intrusive_ptr<WorkHOCCL>& work, Body body, bool 
     TORCH_CHECK(!stopping_, "hoccl: rank ", rank_, ": the process group was shut down");
     if (coalescing_) coalesced_.push_back(work);
     // Issue order holds: nothing is queued or running.
-    if (!(mayRunHere && queue_.empty() && !busy_ && !coalescing_)) {
+    if (!(mayRunHere && idle())) {
       queue_.emplace_back(work, std::move(body));
       cv_.notify_one();
       return;

@@ -53,6 +53,8 @@ class OpQueue {
   // After an op ran on a caller's thread: the queue is free again; wakes the worker if ops
   // queued up meanwhile.
   void endInline();
+  // Nothing queued, running or coalescing: an op may run on its caller's thread (mutex_ held).
+  bool idle() const { return queue_.empty() && !busy_ && !coalescing_; }
   void workerLoop();
 
   int rank_;
@@ -71,7 +73,7 @@ bool OpQueue::runIfIdle(Fn&& fn) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     TORCH_CHECK(!stopping_, "hoccl: rank ", rank_, ": the process group was shut down");
-    if (!queue_.empty() || busy_ || coalescing_) return false;
+    if (!idle()) return false;
     busy_ = true;
   }
   try {

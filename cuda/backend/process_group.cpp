@@ -116,13 +116,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::enqueue(c10d::OpType type, std
   // A small op with nothing ahead of it runs right here: two thread hand-offs cost more than the
   // op itself.
   const bool mayRunHere = bytes <= config_.inlineMaxBytes || callerWaits;
-  const int64_t callerSpin =
-      callerWaits ? (coresShared() ? config_.sharedCallerSpinMicros : config_.callerSpinMicros) : 0;
-  queue_.submit(work, std::move(body), mayRunHere, [callerSpin](const std::function<void()>& run) {
-    SpinAtLeast spin{std::chrono::microseconds(callerSpin)};
+  const std::chrono::microseconds spinFloor = callerWaits ? callerSpin() : std::chrono::microseconds(0);
+  queue_.submit(work, std::move(body), mayRunHere, [spinFloor](const std::function<void()>& run) {
+    SpinAtLeast spin{spinFloor};
     run();
   });
   return work;
+}
+
+std::chrono::microseconds ProcessGroupHOCCL::callerSpin() const {
+  return std::chrono::microseconds(coresShared() ? config_.sharedCallerSpinMicros : config_.callerSpinMicros);
 }
 
 void ProcessGroupHOCCL::startCoalescing() { queue_.startCoalescing(); }

@@ -196,6 +196,9 @@ class ProcessGroupHOCCL : public c10d::Backend {
   // Slot bytes a staged plan of this payload uses per round (HOCCL_STAGED_ROUND_BYTES).
   int64_t crossMemoryMinBytes(OpKind kind) const;
   int64_t stagingRoundBytes(OpKind kind, int64_t payloadBytes) const;
+  // The spin floor of an op run on a caller's thread that only waits for it (the shared-cores one
+  // while cores are shared).
+  std::chrono::microseconds callerSpin() const;
   // After a barrier with this parity: does every rank's input block 0 lie in a shared tensor?
   bool everyRankShared(uint32_t parity, int64_t bytes) const;
   void checkWait(const Collective& c, int peer);
