@@ -321,7 +321,7 @@ def modes_around_compute(rank, world, cpu, ops):
 
     from hoccl_backend.bench_busy import ComputeThreads
 
-    os.sched_setaffinity(0, [cpu])
+    os.sched_setaffinity(0, cpu if isinstance(cpu, list) else [cpu])
     backend = dist.group.WORLD._get_backend(torch.device("cpu"))
     x = torch.ones(1024)
 
@@ -352,3 +352,58 @@ def test_ranks_stop_yielding_while_the_job_s_own_compute_runs_beside_them():
         assert during == "with_other_work", results
         if quiet:
             assert before == after == quiet, results
+
+
+def test_a_yield_that_fed_work_outside_the_op_closes_the_gate_for_a_second():
+    from hoccl_backend import _C
+
+    # (ms when the yield ended, us it took, the awaited word moved) -> the gate open after it.
+    steps = [
+        (0.0, 100, False, True),      # a short yield: a peer rank's turn
+        (1.0, 3000, True, True),      # a long one during which the peer arrived: it served the op
+        (2.0, 600, False, False),     # long, and nothing moved: it fed something else
+        (500.0, 10, False, False),    # closed for a second...
+        (1002.5, 10, False, True),    # ...then open again
+        (1003.0, 499, False, True),   # under the limit
+        (1004.0, 2000, False, False),
+    ]
+    got = _C.replay_yield_gate([(ms, us, moved) for ms, us, moved, _ in steps])
+    assert got == [open_ for *_, open_ in steps], got
+
+
+def yields_beside_processes_of_the_session(rank, world, ops):
+    """`ops` 4 KiB all_reduces beside CPU-bound processes of the same session (started by the
+    test, one per CPU): (results right, lost yields, seconds, the wait mode of the last op)."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+    from hoccl_backend import _C
+
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    right = True
+    lost = _C.lost_yields()
+    start = time.monotonic()
+    for i in range(ops):
+        x = torch.full((1024,), float(rank + i))
+        dist.all_reduce(x)
+        right = right and bool((x == float(world * i + world * (world - 1) // 2)).all())
+    return right, _C.lost_yields() - lost, time.monotonic() - start, backend.last_core_sharing()
+
+
+def test_ranks_stop_yielding_to_cpu_bound_processes_of_their_own_session():
+    """sched_yield feeds the yielder's whole scheduling group; where the scheduler groups tasks by
+    session, a CPU-bound process started from the job's shell takes a yield for a whole time slice
+    (world 2 on 2 CPUs beside two of them: 17-198 such yields in 1,000 ops before the gate, ~2 ms
+    an op). The first one closes the gate for a second: each waiting thread loses at most one
+    yield per second afterwards (caller and worker may both be waiting: two)."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in os.sched_getaffinity(0)]
+    try:
+        results = run_ranks(yields_beside_processes_of_the_session, 2, 1000, timeout=300)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    for right, lost, seconds, _ in results:
+        assert right, results
+        assert lost <= 2 * (int(seconds) + 2), results

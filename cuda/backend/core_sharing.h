@@ -11,7 +11,9 @@
 // (a whole time slice), never to another session's or container's processes, which get their
 // fair share whatever the job does. So only the job's own compute makes yields costly
 // (WithOtherWork); the machine's runnable-thread count (/proc/loadavg) cannot tell the two apart
-// and, where tasks are grouped, only says cores are shared (AmongRanks: yields stay on).
+// and, where tasks are grouped, only says cores are shared (AmongRanks: yields stay on). Other
+// processes of the job's own session or container (data-loader workers, a shell's `yes`) do take
+// yields: the waits' YieldGate (transport/shm/futex_wait.h) stops yielding once one is lost.
 #pragma once
 #include <chrono>
 #include <cstdint>

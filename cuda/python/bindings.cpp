@@ -10,6 +10,7 @@
 #include "plan/plan.h"
 #include "backend/direct_allreduce.h"
 #include "backend/process_group.h"
+#include "transport/shm/futex_wait.h"
 #include "transport/shm/shared_tensor.h"
 #include "common/config.h"
 #include "backend/core_sharing.h"
@@ -195,6 +196,28 @@ PYBIND11_MODULE(_C, m) {
         return out;
       },
       py::arg("steps"), "the load sampler fed [(ms, over the CPUs)]: [(sampled, loaded)]");
+  m.def(
+      "replay_yield_gate",
+      [](const std::vector<std::tuple<double, double, bool>>& yields) {
+        // Each yield: (milliseconds when it ended, microseconds it took, whether the awaited word
+        // moved); after it: whether the gate lets the next waiter yield at that moment.
+        hoccl::YieldGate gate;
+        std::vector<bool> out;
+        for (const auto& [ms, tookUs, progressed] : yields) {
+          const auto now = std::chrono::steady_clock::time_point{} +
+                           std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                               std::chrono::duration<double, std::milli>(ms));
+          gate.noteYield(now, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                  std::chrono::duration<double, std::micro>(tookUs)),
+                         progressed);
+          out.push_back(gate.open(now));
+        }
+        return out;
+      },
+      py::arg("yields"), "a yield gate fed [(ms, took us, word moved)]: whether it is open after each");
+  m.def(
+      "lost_yields", [] { return hoccl::processYieldGate.lostYields(); },
+      "yields of this process's waiters that fed work outside the op (each closed the gate for a while)");
   m.def("host_identity", &hoccl::localHostIdentity,
         "this process's host identity (HOCCL_HOSTNAME, else hostname + boot, /dev/shm and namespaces)");
   bindCuda(m);

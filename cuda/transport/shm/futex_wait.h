@@ -70,6 +70,33 @@ class SpinAtLeast {
   std::chrono::microseconds saved_;
 };
 
+// Whether a waiter may yield its core before it sleeps. sched_yield feeds whatever shares the
+// yielder's scheduling group (its session's autogroup or its cpu cgroup): peer ranks, but also
+// any other process there, such as the job's data-loader workers or a `yes > /dev/null` started
+// from the job's shell, which core_sharing.h's load figure cannot tell from other sessions' work.
+// A yield that kept its thread off the core for kLostYield while the awaited word did not move
+// fed such a process a whole time slice (world 2 on 2 cores beside two CPU-bound processes of the
+// same session, 4 KiB all_reduce: ~2 ms an op with yields, 60 us sleeping at once): the gate then
+// closes for kClosedFor, for every waiter of the process; a peer rank taking the core either
+// arrives (the word moves) or returns it within the op's own work. Reopening costs at most one
+// lost slice a second. Thread-safe.
+class YieldGate {
+ public:
+  static constexpr std::chrono::microseconds kLostYield{500};
+  static constexpr std::chrono::seconds kClosedFor{1};
+  bool open(std::chrono::steady_clock::time_point now) const;
+  // A yield that ended at `now` after `took`; `progressed`: the awaited word moved meanwhile.
+  void noteYield(std::chrono::steady_clock::time_point now, std::chrono::nanoseconds took, bool progressed);
+  uint64_t lostYields() const { return lost_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<int64_t> closedUntil_{INT64_MIN};  // steady_clock ticks
+  std::atomic<uint64_t> lost_{0};
+};
+
+// The gate every wait of this process consults.
+extern YieldGate processYieldGate;
+
 // Producer side: publish a new value and wake sleepers only when some exist (saves a syscall).
 inline void publishAndWake(std::atomic<uint32_t>* word, uint32_t value,
                            std::atomic<uint32_t>* waiters) {
