@@ -119,8 +119,9 @@ void ProcessGroupHOCCL::planFromOwnSplits(Collective& c) {
 void ProcessGroupHOCCL::runAcrossHosts(const HostsOp& op, int64_t netTag) {
   TORCH_CHECK(hostsCtx_, "hoccl ", op.opName, " on rank ", rank_, ": this group was not joined to its hosts");
   // On the thread running the op from this group's queue (HostSpan::enqueue chose it). While the
-  // ranks spin, that thread waits as a caller about to block would: at least the caller's spin.
-  SpinAtLeast spin{std::chrono::microseconds(coresShared() ? 0 : config_.callerSpinMicros)};
+  // ranks spin, that thread waits as a caller about to block would: at least the caller's spin
+  // (none while cores are shared, unless HOCCL_CALLER_SPIN_US asks for it, as on one host).
+  SpinAtLeast spin{callerSpin()};
   Collective c{op.opName};
   c.req.kind = op.kind;
   c.req.root = op.root;
