@@ -321,7 +321,7 @@ def modes_around_compute(rank, world, cpu, ops):
 
     from hoccl_backend.bench_busy import ComputeThreads
 
-    os.sched_setaffinity(0, cpu if isinstance(cpu, list) else [cpu])
+    os.sched_setaffinity(0, [cpu])
     backend = dist.group.WORLD._get_backend(torch.device("cpu"))
     x = torch.ones(1024)
 

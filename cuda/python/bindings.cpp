@@ -32,6 +32,16 @@ std::vector<std::vector<std::tuple<int, int, int64_t>>> phasesForPython(const st
   return out;
 }
 
+// The replay bindings' clocks: a step's milliseconds from the clock's epoch, a duration in us.
+std::chrono::steady_clock::time_point steadyAtMs(double ms) {
+  return std::chrono::steady_clock::time_point{} +
+         std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double, std::milli>(ms));
+}
+
+std::chrono::nanoseconds nanosFromUs(double us) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double, std::micro>(us));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -157,18 +167,12 @@ PYBIND11_MODULE(_C, m) {
       [](const std::vector<std::tuple<double, double, int>>& steps) {
         // Each step: (milliseconds, CPU microseconds the other threads took since the previous
         // step, runnable threads a scan would find); after it: (whether it scanned, computing).
-        using Clock = hoccl::ComputeSampler::Clock;
-        auto at = [](double ms) {
-          return Clock::time_point{} + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(ms));
-        };
         hoccl::ComputeSampler sampler;
         std::vector<std::pair<bool, bool>> out;
         for (size_t i = 0; i < steps.size(); ++i) {
           const auto [ms, othersUs, runnable] = steps[i];
-          const auto now = at(ms);
-          if (i > 0)
-            sampler.noteOthersCpu(now, std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double, std::micro>(othersUs)),
-                                  now - at(std::get<0>(steps[i - 1])));
+          const auto now = steadyAtMs(ms);
+          if (i > 0) sampler.noteOthersCpu(now, nanosFromUs(othersUs), now - steadyAtMs(std::get<0>(steps[i - 1])));
           const bool due = sampler.due(now);
           if (due) sampler.note(now, runnable, std::chrono::nanoseconds(0));
           out.emplace_back(due, sampler.computing());
@@ -186,9 +190,7 @@ PYBIND11_MODULE(_C, m) {
         hoccl::LoadSampler sampler;
         std::vector<std::pair<bool, bool>> out;
         for (const auto& [ms, over] : steps) {
-          const auto now = std::chrono::steady_clock::time_point{} +
-                           std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                               std::chrono::duration<double, std::milli>(ms));
+          const auto now = steadyAtMs(ms);
           const bool due = sampler.due(now);
           if (due) sampler.note(now, over);
           out.emplace_back(due, sampler.overloaded());
@@ -204,12 +206,8 @@ PYBIND11_MODULE(_C, m) {
         hoccl::YieldGate gate;
         std::vector<bool> out;
         for (const auto& [ms, tookUs, progressed] : yields) {
-          const auto now = std::chrono::steady_clock::time_point{} +
-                           std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                               std::chrono::duration<double, std::milli>(ms));
-          gate.noteYield(now, std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                  std::chrono::duration<double, std::micro>(tookUs)),
-                         progressed);
+          const auto now = steadyAtMs(ms);
+          gate.noteYield(now, nanosFromUs(tookUs), progressed);
           out.push_back(gate.open(now));
         }
         return out;
