@@ -6,11 +6,12 @@
 //           into its slot, the host's ranks copy it out. For small payloads and uneven hosts.
 //  rails:   even hosts, L ranks each: local rank l owns 1/L of every chunk (a share). It reduces
 //           its share over its host's slots into a partial that crosses hosts on rail l (the
-//           ranks with local index l): on 2 hosts each rail member sends its whole partial to
-//           the other and both reduce (one hop); on more hosts the rail reduce-scatters (member
-//           of host p reduces piece p of the share) and all-gathers the reduced pieces, so each
-//           host sends and receives 2(H-1)/H of the payload, the hierarchical minimum. Then the
-//           host's ranks copy every share out of its owner's slot.
+//           ranks with local index l): the rail reduce-scatters (member of host p reduces
+//           piece p of the share) and all-gathers the reduced pieces, so each host sends and
+//           receives 2(H-1)/H of the payload, the hierarchical minimum; on 2 hosts an op of one
+//           chunk goes in one hop instead (each member sends its whole partial to the other and
+//           both reduce: the same bytes, one latency). Then the host's ranks copy every share
+//           out of its owner's slot.
 //
 // Every element's final value is computed by one rank from the same partials in host order (or,
 // on a 2-host rail and among leaders, by every member from bitwise identical partials in the
@@ -38,6 +39,7 @@
 // double-buffered by chunk parity too. After the plan's last barrier only its last buffer is
 // read, and before its first barrier only its first is written (the invariant every plan keeps
 // for the next op on the host).
+#include <algorithm>
 #include <stdexcept>
 
 #include "common/host_view.h"
@@ -68,7 +70,6 @@ class HostsReduction {
     es_ = req.elemSize;
     if (rails && !hv_.even) throw std::logic_error("hoccl: the rails form needs the same ranks on every host");
     owners_ = rails ? hv_.localSize(0) : 1;
-    rsag_ = rails && !rooted && H_ > 2;
     rootHost_ = rooted ? hv_.host(req.root) : -1;
     direct_ = rails && !rooted && hv_.localSize(host_) > 1 && req.hostReadsPeers &&
               req.bytes >= req.crossMemoryMinBytes;
@@ -79,6 +80,15 @@ class HostsReduction {
     chunkElems_ = regionElems_ * owners_;
     total_ = req.bytes / es_;
     chunks_ = (total_ + chunkElems_ - 1) / chunkElems_;
+    // On two hosts the one-hop form sends what the reduce-scatter and all-gather send together,
+    // but reduces the whole share on both rail members. Once the op is pipelined the all-gather's
+    // extra hop costs only the last chunk's latency, and halving that reduction is what brings the
+    // plan closer to the link on shared cores (docs/multihost.md). Every host sees the same
+    // request, so all agree on the form.
+    rsag_ = rails && !rooted && (H_ > 2 || (chunks_ > 1 && L_ > 1));
+    // Where no slot holds results (direct reads, or one rank per host) the all-gather of chunk j
+    // can be waited one chunk later, so that the link never drains while the host works.
+    gatherLater_ = rsag_ && (direct_ || L_ == 1);
     myShare_ = shareOwnedBy(host_, local_);
     const bool resultInSlot = L_ > 1 && (!rooted_ || (host_ == rootHost_ && owners_ > 1));
     copyOut_ = resultInSlot;
@@ -99,6 +109,7 @@ class HostsReduction {
 
     stage(0);
     p_.steps.push_back(Step::barrier(Scope::Host));
+    if (gatherLater_) return buildGatheringLater(K);
     for (int j = 0; j < K; ++j) {
       if (j > 0 && L_ > 1) p_.steps.push_back(Step::barrier(Scope::Host));
       partialAndPost(j);
@@ -125,6 +136,31 @@ class HostsReduction {
       copyOut(K - 1);
     }
     if (direct_) p_.steps.push_back(Step::barrier(Scope::Host));
+    return std::move(p_);
+  }
+
+  // The reduce-scatter pipeline with chunk j's all-gather waited after chunk j+2's transfers are
+  // posted (not before chunk j+1's): the link holds the next chunk's pieces while the host waits,
+  // where waiting the gather just posted empties the link before each host barrier. Copy-out
+  // follows one chunk later too (chunk j after B_(j+3)). Every owner's output of chunk j is
+  // final before the barrier that precedes its readers' copy, and inputs are overwritten only
+  // after every read of them (chunk j's before B_(j+1)). Messages and their order are those of
+  // build(), so a host reading its peers directly and one staging still match.
+  Plan buildGatheringLater(int K) {
+    for (int j = 0; j < K; ++j) {
+      if (j > 0 && L_ > 1) p_.steps.push_back(Step::barrier(Scope::Host));
+      partialAndPost(j);
+      if (j >= 1) finishReduce(j - 1);
+      if (j >= 3) copyOut(j - 3);
+      if (j >= 2) finishGather(j - 2);
+    }
+    finishReduce(K - 1);
+    for (int c = std::max(0, K - 2); c < K; ++c) finishGather(c);
+    if (copyOut_) {
+      p_.steps.push_back(Step::barrier(Scope::Host));
+      for (int c = std::max(0, K - 3); c < K; ++c) copyOut(c);
+      p_.steps.push_back(Step::barrier(Scope::Host));
+    }
     return std::move(p_);
   }
 
@@ -260,7 +296,7 @@ class HostsReduction {
   const bool rooted_;
   Plan p_;
   int me_, host_, local_, L_, H_, owners_, myShare_, rootHost_;
-  bool rsag_, copyOut_, direct_;
+  bool rsag_, copyOut_, direct_, gatherLater_;
   int64_t es_, regionElems_, chunkElems_, total_, chunks_;
   int64_t scratch_[2] = {0, 0};
   std::vector<std::vector<int>> hop1_, hop2_;
