@@ -39,13 +39,13 @@ void HostSpan::mismatchAcrossHosts(const char* op, const std::string& what) {
   TORCH_CHECK_VALUE(false, msg);
 }
 
-void HostSpan::agreeOnRail(const char* op, const OpSignature& mine) {
+void HostSpan::agreeOnRail(const char* op, const OpSignature& mine, CheckVia via) {
   const int members = static_cast<int>(myRail_.size());
   if (members == 1 || !checkAcrossHosts_) return;
   const std::vector<int64_t> own = fields(mine);
   const int64_t width = static_cast<int64_t>(own.size());
   std::vector<int64_t> all(static_cast<size_t>(members * width));
-  exchangeOnRail(op, own.data(), all.data(), width * static_cast<int64_t>(sizeof(int64_t)));
+  exchangeOnRail(op, own.data(), all.data(), width * static_cast<int64_t>(sizeof(int64_t)), via);
   const int64_t* seen = all.data();
   for (int m = 0; m < members; ++m) {
     std::vector<int64_t> theirs(seen + m * width, seen + (m + 1) * width);
@@ -59,11 +59,17 @@ void HostSpan::agreeOnRail(const char* op, const OpSignature& mine) {
   }
 }
 
-// The signatures travel as ordered messages of the network engine, a fixed size each, so a
+// The signatures travel as ordered messages of a network engine, a fixed size each, so a
 // mismatch can never make gloo receive more than was posted. One message each way per rail peer,
 // all posted at once: a gloo all_gather on the rail group cost a round through gloo's worker
-// thread on both sides (2x2 hosts: 1.0 ms of a 1.6 ms 4 KB broadcast).
-void HostSpan::exchangeOnRail(const char* op, const void* mine, void* all, int64_t bytes) {
+// thread on both sides (2x2 hosts: 1.0 ms of a 1.6 ms 4 KB broadcast). The check goes over the
+// rail group's own connections (railNet_, members by rail index), apart from the data's: on 2 x 2
+// namespaced hosts, checking over the plans' engine cost 3-29 % at 4 KB-1 MB in most ops
+// (docs/multihost.md). The all_gather legs move their data over the rail group, so their check
+// stays on the plans' engine.
+void HostSpan::exchangeOnRail(const char* op, const void* mine, void* all, int64_t bytes, CheckVia via) {
+  const bool onRail = via == CheckVia::Rail;
+  NetTransport& net = onRail ? *railNet_ : *net_;
   std::vector<NetTransport::Handle> posted;
   try {
     for (size_t m = 0; m < myRail_.size(); ++m) {
@@ -72,16 +78,17 @@ void HostSpan::exchangeOnRail(const char* op, const void* mine, void* all, int64
         std::memcpy(theirs, mine, static_cast<size_t>(bytes));
         continue;
       }
-      posted.push_back(net_->irecv(myRail_[m], 0, theirs, static_cast<size_t>(bytes)));
-      posted.push_back(net_->isend(myRail_[m], 0, mine, static_cast<size_t>(bytes)));
+      const int peer = onRail ? static_cast<int>(m) : myRail_[m];
+      posted.push_back(net.irecv(peer, 0, theirs, static_cast<size_t>(bytes)));
+      posted.push_back(net.isend(peer, 0, mine, static_cast<size_t>(bytes)));
     }
     for (size_t i = 0; i < posted.size(); ++i) {
-      net_->wait(posted[i], nullptr);
+      net.wait(posted[i], nullptr);
       posted[i] = -1;
     }
   } catch (const std::exception& e) {
     for (NetTransport::Handle h : posted)
-      if (h >= 0) net_->cancel(h);
+      if (h >= 0) net.cancel(h);
     if (dynamic_cast<const NetTransportError*>(&e)) interHostFailed(op, myRail_, e);
     throw;
   }

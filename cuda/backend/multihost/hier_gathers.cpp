@@ -100,7 +100,9 @@ void HostSpan::broadcastTensor(const at::Tensor& t, int root) {
 }
 
 void HostSpan::allgatherTensors(const char* op, const at::Tensor& in, const std::vector<at::Tensor>& outputs) {
-  agreeOnRail(op, bytesSignature(c10d::OpType::ALLGATHER, in));
+  const int64_t n = legs::bytesOf(in).numel();
+  agreeOnRail(op, bytesSignature(c10d::OpType::ALLGATHER, in),
+              n == 0 || allGatherAsPlan(n) ? CheckVia::Rail : CheckVia::PlansEngine);
   std::vector<Staged> staged(outputs.begin(), outputs.end());
   std::vector<at::Tensor> outs;
   for (const auto& s : staged) outs.push_back(legs::bytesOf(s.work));

@@ -58,6 +58,15 @@ HostSpan::HostSpan(ProcessGroupHOCCL& group, InterHostGroups groups, int64_t lea
   NetEngine chosen = createNetEngine(engine);
   net_ = std::move(chosen.transport);
   netEngine_ = chosen.name;
+  // The argument check's engine (agreement.cpp): the rail group's own connections.
+  NetEngineContext rail;
+  rail.rank = layout_.railRank(rank_);
+  rail.callerRank = rank_;
+  rail.world = static_cast<int>(myRail_.size());
+  railFramed_ = std::make_shared<FramedP2P>(groups_.rail, rail.rank, timeout_);
+  rail.framed = railFramed_;
+  rail.peerName = [this, name = engine.peerName](int member) { return name(myRail_[member]); };
+  railNet_ = createNetEngine(rail).transport;
   netCosts_ = agreeNetCosts(*groups_.global, layout_, rank_);
   if (config::text("HOCCL_DEBUG") != "off")
     std::fprintf(stderr, "[hoccl rank %d] network engine across hosts: %s\n[hoccl rank %d] costs across hosts: %s\n",
@@ -84,6 +93,7 @@ HostSpan::~HostSpan() { stopNetwork(); }
 
 void HostSpan::stopNetwork() {
   net_->abort("the process group was shut down");
+  railNet_->abort("the process group was shut down");
   framed_->stop("the process group was shut down");  // user send/recv between hosts
 }
 
@@ -96,12 +106,14 @@ void HostSpan::abort() {
   for (auto* g : {groups_.rail.get(), groups_.global.get(), groups_.p2p.get()}) g->abort();
   pg_.abortWith("hoccl: rank " + std::to_string(rank_) + " called abort()");
   net_->abort("rank " + std::to_string(rank_) + " called abort()");
+  railNet_->abort("rank " + std::to_string(rank_) + " called abort()");
   framed_->stop("rank " + std::to_string(rank_) + " called abort()");
 }
 
 void HostSpan::setTimeout(std::chrono::milliseconds timeout) {
   timeout_ = timeout;
   framed_->setTimeout(timeout);
+  railFramed_->setTimeout(timeout);
   pg_.timeout_ = hostLegTimeout(timeout);
   for (auto* g : {groups_.rail.get(), groups_.global.get(), groups_.p2p.get()}) g->setTimeout(timeout);
 }

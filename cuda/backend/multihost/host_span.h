@@ -144,9 +144,12 @@ class HostSpan {
   void checkUsable(const char* op) const;
 
   // Cross-host agreement (agreement.cpp): raise on every member of a leg whose arguments differ.
-  void agreeOnRail(const char* op, const OpSignature& mine);
+  // The check's messages go over the rail group's connections, or over the plans' engine for an
+  // op whose data then crosses on the rail group (the all_gather legs).
+  enum class CheckVia { Rail, PlansEngine };
+  void agreeOnRail(const char* op, const OpSignature& mine, CheckVia via = CheckVia::Rail);
   // `bytes` of this rank's to every member of its rail, `all` in rail order (this rank's too).
-  void exchangeOnRail(const char* op, const void* mine, void* all, int64_t bytes);
+  void exchangeOnRail(const char* op, const void* mine, void* all, int64_t bytes, CheckVia via);
   // all_to_all: raises where a sender and its receiver disagree on a block's bytes.
   void checkSplits(const char* op, const SplitMatrix& m);
   [[noreturn]] void mismatchAcrossHosts(const char* op, const std::string& what);
@@ -164,7 +167,9 @@ class HostSpan {
                                     const std::vector<int64_t>& recvBytes);
   // A gloo tag for one op's point-to-point transfers (global or rail group), above the tags
   // torch uses on a group (worker thread only).
-  int crossTag() { return (1 << 30) | static_cast<int>(crossTags_++ & ((1u << 30) - 1)); }
+  // Below the ordered messages' slots (from 2^30, transport/net/gloo/framed_p2p.cpp), which the
+  // check uses on the same rail group.
+  int crossTag() { return (1 << 29) | static_cast<int>(crossTags_++ & ((1u << 29) - 1)); }
   // At least `bytes` of the group's reusable scratch (worker thread only; one op at a time).
   at::Tensor scratch(int64_t bytes);
 
@@ -196,6 +201,8 @@ class HostSpan {
   uint32_t crossTags_ = 0;
   std::shared_ptr<FramedP2P> framed_;  // send/recv over groups_.p2p
   std::unique_ptr<NetTransport> net_;  // plans' network transfers (transport/net/engines.h)
+  std::shared_ptr<FramedP2P> railFramed_;  // ordered messages over groups_.rail
+  std::unique_ptr<NetTransport> railNet_;   // the argument check's (agreement.cpp), peers by rail index
   const char* netEngine_ = "";         // its row's name
   std::optional<c10::Stream> comm_;    // CUDA tensors' comm stream (caller's thread only)
 };

@@ -17,7 +17,7 @@ struct EngineRow {
 const EngineRow kEngines[] = {
     {"gloo", [](const NetEngineContext& c) { return c.framed != nullptr; },
      [](const NetEngineContext& c) -> std::unique_ptr<NetTransport> {
-       return std::make_unique<GlooNetTransport>(c.framed, c.world, c.peerName);
+       return std::make_unique<GlooNetTransport>(c.framed, c.world, c.peerName, c.callerRank);
      }},
 };
 

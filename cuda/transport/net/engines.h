@@ -20,6 +20,8 @@ struct NetEngineContext {
   // hosts use them too; gloo's engine shares them).
   std::shared_ptr<FramedP2P> framed;
   std::function<std::string(int)> peerName;  // "rank 3 on host 1 (10.0.0.2)", for errors
+  // The rank errors name this side by, where `rank` is a subgroup's (the rail's); -1: `rank`.
+  int callerRank = -1;
 };
 
 struct NetEngine {

@@ -96,8 +96,12 @@ std::string reasonOf(const std::string& message) {
 
 }  // namespace
 
-GlooNetTransport::GlooNetTransport(std::shared_ptr<FramedP2P> framed, int world, PeerNamer peerName)
-    : framed_(std::move(framed)), world_(world), peerName_(std::move(peerName)), waiters_(std::make_shared<Waiters>()) {
+GlooNetTransport::GlooNetTransport(std::shared_ptr<FramedP2P> framed, int world, PeerNamer peerName, int callerRank)
+    : framed_(std::move(framed)),
+      world_(world),
+      peerName_(std::move(peerName)),
+      callerRank_(callerRank),
+      waiters_(std::make_shared<Waiters>()) {
   if (!framed_) throw std::invalid_argument("hoccl: a gloo network transport needs its framed engine");
 }
 
@@ -112,7 +116,8 @@ std::string GlooNetTransport::peerName(int peer) const {
 }
 
 std::string GlooNetTransport::describe(const Transfer& t) const {
-  return std::string("hoccl network ") + (t.isSend ? "send" : "recv") + " on rank " + std::to_string(rank()) +
+  return std::string("hoccl network ") + (t.isSend ? "send" : "recv") + " on rank " +
+         std::to_string(callerRank_ >= 0 ? callerRank_ : rank()) +
          (t.isSend ? " to " : " from ") + peerName(t.peer);
 }
 

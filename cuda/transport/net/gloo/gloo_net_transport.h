@@ -34,7 +34,9 @@ class GlooNetTransport : public NetTransport {
   // How errors name a peer, e.g. "rank 3 on host 'b' (ranks 2, 3)"; the creator supplies it.
   using PeerNamer = std::function<std::string(int peer)>;
 
-  GlooNetTransport(std::shared_ptr<FramedP2P> framed, int world, PeerNamer peerName);
+  // `callerRank`: the rank errors name this side by, where the engine's ranks are a subgroup's
+  // (-1: its own rank).
+  GlooNetTransport(std::shared_ptr<FramedP2P> framed, int world, PeerNamer peerName, int callerRank = -1);
   ~GlooNetTransport() override;
 
   int rank() const override { return framed_->rank(); }
@@ -74,6 +76,7 @@ class GlooNetTransport : public NetTransport {
   std::shared_ptr<FramedP2P> framed_;
   int world_;
   PeerNamer peerName_;
+  int callerRank_;
   std::shared_ptr<Waiters> waiters_;
 
   mutable std::mutex mutex_;
