@@ -407,8 +407,6 @@ def main(argv=None) -> int:
     parser.add_argument("--hosts", type=int, default=None,
                         help="run across this many namespaced hosts (root; see bench_hosts)")
     parser.add_argument("--ranks-per-host", type=int, default=2, help="with --hosts (default 2)")
-    parser.add_argument("--paths", default=None,
-                        help="with --hosts: a hoccl group per HOCCL_MULTIHOST_PATH, e.g. legs,plans")
     parser.add_argument("--link-gbit", type=float, default=None,
                         help="with --hosts: shape every host's link to this rate (tc tbf)")
     args, rest = parser.parse_known_args(argv)

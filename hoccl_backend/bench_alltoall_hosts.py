@@ -9,8 +9,7 @@ rank's own total varies (0.5x-1.5x the size). Every rank derives the same matrix
 For each size hoccl runs all_to_all_single on three groups of the same ranks, created with
 HOCCL_MULTIHOST_ALLTOALL=auto (VarioPath's choice), direct and rail, beside gloo; the backends
 take turns over --rounds rounds. It prints each one's time (median over rounds of the slowest
-rank), the form auto ran, and auto's time over the best candidate's. Runs on the plan path
-(HOCCL_MULTIHOST_PATH=plans) unless the caller set another.
+rank), the form auto ran, and auto's time over the best candidate's.
 """
 from __future__ import annotations
 
@@ -93,14 +92,13 @@ def main(args) -> int:
 
     sizes = [parse_size(s) for s in args.sizes.split(",")] if args.sizes else [64 << 10, 1 << 20, 16 << 20]
     per_host = args.ranks_per_host
-    env = {"HOCCL_MULTIHOST_PATH": os.environ.get("HOCCL_MULTIHOST_PATH", "plans")}
     with Hosts(count=args.hosts, ranks=[per_host] * args.hosts, link_gbit=args.link_gbit, mtu=9000) as hosts:
-        results = hosts.run_ranks(measure, sizes, args.rounds, backend="hoccl", pg_timeout=600, env=env,
+        results = hosts.run_ranks(measure, sizes, args.rounds, backend="hoccl", pg_timeout=600,
                                   timeout=3600)
         described = hosts.describe()
     load = " ".join(f"{v:.2f}" for v in os.getloadavg())
     print(f"# {time.strftime('%Y-%m-%d')}: {described}; {os.cpu_count()} cores; load average {load}; "
-          f"HOCCL_MULTIHOST_PATH={env['HOCCL_MULTIHOST_PATH']}; Zipf {ZIPF} demand; median of {args.rounds} rounds")
+          f"Zipf {ZIPF} demand; median of {args.rounds} rounds")
     print("#            op   bytes/rank |   auto us  ran     |  direct us    rail us |    gloo us | auto/best | gloo/auto")
     rows = []
     for nbytes in sizes:

@@ -2,7 +2,6 @@
 
     python -m hoccl_backend.bench --hosts 2 --link-gbit 4                # 2 hosts x 2 ranks
     python -m hoccl_backend.bench --hosts 3 --ranks-per-host 1 --ops all_reduce --sizes 16M
-    python -m hoccl_backend.bench --hosts 2 --link-gbit 4 --paths legs,plans  # both paths, one run
 
 Each host is a network/IPC/mount/PID/UTS namespace (hoccl_backend.testbed), its one link shaped
 to --link-gbit in each direction (tc tbf) with jumbo frames, so the links' own byte counters
@@ -31,7 +30,7 @@ from hoccl_backend.bench import OPS, _buffers, _run_op, buffer_bytes, bus_factor
 from hoccl_backend.testbed.hosts import IFNAME, Hosts
 
 DEFAULT_SIZES = [1 << 20, 16 << 20, 64 << 20]
-HOST_OPS = [*OPS, "broadcast", "gather", "scatter"]  # on request (--ops): they compare the paths across hosts
+HOST_OPS = [*OPS, "broadcast", "gather", "scatter"]  # on request (--ops)
 
 
 def minimum_cross_bytes(op: str, hosts: int, per_host: int, nbytes: int) -> int:
@@ -60,27 +59,12 @@ def _iters(nbytes: int) -> int:
     return max(1, min(20, (32 << 20) // max(nbytes, 1)))
 
 
-def hoccl_groups(paths):
-    """{name: group}: the default group as "hoccl", or one hoccl group per multi-host path
-    ("hoccl legs", "hoccl plans"; HOCCL_MULTIHOST_PATH is read when a group is created)."""
-    import torch.distributed as dist
-
-    if not paths:
-        return {"hoccl": dist.group.WORLD}
-    groups = {}
-    for path in paths:
-        os.environ["HOCCL_MULTIHOST_PATH"] = path
-        groups[f"hoccl {path}"] = dist.new_group(backend="hoccl")
-    return groups
-
-
-def measure(rank, world, ops, sizes, rounds, paths=()):
+def measure(rank, world, ops, sizes, rounds):
     """One rank: per (op, size, backend) the time of each round, and on local rank 0 the bytes
     its host's link sent during each round; per (op, size) the buffer's benchmark bytes."""
     import torch.distributed as dist
 
-    groups = hoccl_groups(paths)
-    groups["gloo"] = dist.new_group(backend="gloo")
+    groups = {"hoccl": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
     reads_link = int(os.environ["LOCAL_RANK"]) == 0
     out = {}
     for op in ops:
@@ -143,7 +127,7 @@ def _fmt(value, spec, width):
 
 
 def print_table(rows):
-    """A line per (op, size, hoccl group): hoccl beside gloo (with --paths, one line per path)."""
+    """A line per (op, size): hoccl beside gloo."""
     keyed = {(r["op"], r["bytes"], r["backend"]): r for r in rows}
     names = list(dict.fromkeys(r["backend"] for r in rows if r["backend"] != "gloo"))
     label = max(len(n) for n in names)
@@ -172,8 +156,7 @@ def main(args) -> int:
     with Hosts(count=args.hosts, ranks=[per_host] * args.hosts, link_gbit=args.link_gbit, mtu=9000) as hosts:
         if not hosts.isolated:
             print("# no namespaces here: no link shaping and no link counters (crossed = n/a)")
-        paths = [p.strip() for p in args.paths.split(",")] if getattr(args, "paths", None) else []
-        results = hosts.run_ranks(measure, ops, sizes, args.rounds, paths, backend="hoccl", pg_timeout=600,
+        results = hosts.run_ranks(measure, ops, sizes, args.rounds, backend="hoccl", pg_timeout=600,
                                   timeout=3600)
         described, isolated = hosts.describe(), hosts.isolated
     rows = summarize(results, args.hosts, per_host, ops, sizes, args.link_gbit if isolated else None)

@@ -37,7 +37,7 @@ def test_skewed_all_to_all_bench_times_every_form_and_reports_the_choice():
     assert max(column) > 2 * min(column), f"not skewed: {column}"
     with Hosts(count=2, ranks=[2, 2], mtu=9000) as hosts:
         results = hosts.run_ranks(skewed.measure, [1 << 16], 1, backend="hoccl", pg_timeout=120,
-                                  env={"HOCCL_MULTIHOST_PATH": "plans"}, timeout=600)
+                                  timeout=600)
     for r in results:
         assert r[("form", 1 << 16)] in ("multihost_direct", "multihost_rail"), r[("form", 1 << 16)]
         for name in skewed.FORMS + ("gloo",):

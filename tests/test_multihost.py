@@ -51,17 +51,10 @@ def all_gather_algorithms(pg, world):
     return names
 
 
-def expected_all_gather_algorithms(ranks, path):
+def expected_all_gather_algorithms(ranks):
     """The plan goes host first for small blocks, and at every size where no host has two ranks
-    (nothing to hand on); the rails legs remain on even hosts only, at every size on `legs`, and
-    where the plan would not go host first on `auto`."""
-    even = len(set(ranks)) == 1
-    plans = ["allgather/hosts-first", "allgather/hosts-first" if max(ranks) == 1 else "allgather/hosts"]
-    if path == "legs" and even:
-        return ["multihost_rails"] * 2
-    if path == "auto" and even:
-        return [p if p.endswith("first") else "multihost_rails" for p in plans]
-    return plans
+    (nothing to hand on); otherwise its rail form."""
+    return ["allgather/hosts-first", "allgather/hosts-first" if max(ranks) == 1 else "allgather/hosts"]
 
 
 def _group_over(prefix, group_rank, world):
@@ -105,23 +98,16 @@ def _check_clean(hosts):
             assert hosts.shm_files(h) == [], f"host {h} kept {hosts.shm_files(h)}"
 
 
-# Both paths across hosts: the legs (all_gather on even hosts still has them, and all_to_all
-# without the check: the 2x1-unchecked layout; every other collective is a plan on every path) and one plan
-# per collective (issue 31's path), against the same references; the default (auto) mixes the two
-# in one job, checked on 2x2 and on the interleaved placement (and by every test that sets none).
-PATHS = ["legs", "plans"]
-LAYOUTS = [([2, 2], "1"), ([2, 1, 2], "1"), ([1, 1], "0")]
-LAYOUT_IDS = ["2x2", "3hosts-2-1-2", "2x1-unchecked"]
+# Every collective across hosts is one plan; the layouts: even, uneven, and one rank per host
+# without the cross-host check (all_to_all from each rank's own splits).
+LAYOUTS = [([2, 2], "1"), ([2, 1, 2], "1"), ([1, 1], "0"), ([2, 1], "0")]
+LAYOUT_IDS = ["2x2", "3hosts-2-1-2", "2x1-unchecked", "2-1-unchecked"]
 
 
-@pytest.mark.parametrize("ranks,check,path",
-                         [(r, c, p) for p in PATHS for r, c in LAYOUTS]
-                         + [([2, 2], "1", "auto"), ([2, 1, 2], "1", "auto"), ([2, 1], "0", "auto")],
-                         ids=[f"{i}-{p}" for p in PATHS for i in LAYOUT_IDS]
-                         + ["2x2-auto", "3hosts-2-1-2-auto", "2-1-unchecked-auto"])
-def test_every_op_across_hosts(ranks, check, path):
+@pytest.mark.parametrize("ranks,check", LAYOUTS, ids=LAYOUT_IDS)
+def test_every_op_across_hosts(ranks, check):
     with Hosts(count=len(ranks), ranks=ranks) as hosts:
-        env = dict(SLOTS, **AUTO_COSTS, HOCCL_CHECK_ACROSS_HOSTS=check, HOCCL_MULTIHOST_PATH=path)
+        env = dict(SLOTS, **AUTO_COSTS, HOCCL_CHECK_ACROSS_HOSTS=check)
         results = hosts.run_ranks(every_op_default_group, backend="hoccl", pg_timeout=60, env=env, timeout=400)
         expected_hosts = [list(hosts.ranks_of(h)) for h in range(hosts.count)]
         for rank, counts in enumerate(results):
@@ -129,7 +115,7 @@ def test_every_op_across_hosts(ranks, check, path):
             # One backend class on every layout, with what the group on one host reports too.
             assert counts["backend"][:2] == ("ProcessGroupHOCCL", True), counts["backend"]
             assert counts["backend"][2] in ("none", "among_ranks", "with_other_work"), counts["backend"]
-            assert counts["all_gather"] == expected_all_gather_algorithms(ranks, path), f"rank {rank}"
+            assert counts["all_gather"] == expected_all_gather_algorithms(ranks), f"rank {rank}"
             fan_in = hosts.world - 1 if rank == hosts.world - 1 else 0
             assert counts["reductions"] > 100 and counts["send_recv"] == 2 * (hosts.world - 1) + 1 + fan_in
         print(f"{hosts.describe()}: every op checked on {hosts.world} ranks: {results[0]}")
@@ -138,11 +124,10 @@ def test_every_op_across_hosts(ranks, check, path):
     assert leftovers(run_id) == []
 
 
-@pytest.mark.parametrize("path", PATHS + ["auto"])
-def test_every_op_interleaved_placement(path):
+def test_every_op_interleaved_placement():
     with Hosts(count=2, ranks=[2, 2]) as hosts:
         results = hosts.run_ranks(every_op_interleaved, backend="hoccl", pg_timeout=60,
-                                  env=dict(SLOTS, **AUTO_COSTS, HOCCL_MULTIHOST_PATH=path), timeout=400)
+                                  env=dict(SLOTS, **AUTO_COSTS), timeout=400)
         for rank, (group_rank, counts) in enumerate(results):
             assert counts["hosts"] == [[0, 2], [1, 3]], f"rank {rank}: {counts['hosts']}"
         print(f"{hosts.describe()}: interleaved placement, every op checked")
@@ -167,8 +152,7 @@ def test_costs_across_hosts_are_measured_at_creation_and_agree():
     replaces its measurement. The link is shaped to 1 Gbit/s, so the measured rate must sit near
     0.125 GB/s. Each rank runs one skewed all_to_all: its form must be the cheaper of the
     documented estimates under the costs the group holds (test_plan_hosts_movement's
-    estimated_seconds), on the default path with measured costs and on the plans with set costs,
-    where a per-message cost of 1 us and of 0.1 s must flip the choice, and at 1 ms a relay copy
+    estimated_seconds), with measured costs and with set costs, where a per-message cost of 1 us and of 0.1 s must flip the choice, and at 1 ms a relay copy
     rate of 1 MB/s (HOCCL_NET_RELAY_MBYTES) against the default 1 GB/s."""
     from test_plan_hosts_movement import estimated_seconds
 
@@ -199,7 +183,7 @@ def test_costs_across_hosts_are_measured_at_creation_and_agree():
 
         forms = []
         for message_us, relay_mbytes in ((1, None), (100_000, None), (1000, 1), (1000, None)):
-            env = {"HOCCL_MULTIHOST_PATH": "plans", "HOCCL_NET_MESSAGE_US": str(message_us),
+            env = {"HOCCL_NET_MESSAGE_US": str(message_us),
                    "HOCCL_NET_LINK_MBIT": "8000"}
             if relay_mbytes:
                 env["HOCCL_NET_RELAY_MBYTES"] = str(relay_mbytes)
@@ -560,8 +544,7 @@ def test_send_recv_size_mismatch_across_hosts_raises_on_the_receiver():
 
 
 def collectives_until_failure(rank, world, started_dir):
-    """all_reduce (a plan on every path) and all_gather_into_tensor (legs on the legs path) in turn
-    until one raises."""
+    """all_reduce and all_gather_into_tensor in turn until one raises."""
     import torch
     import torch.distributed as dist
 
@@ -581,12 +564,10 @@ def collectives_until_failure(rank, world, started_dir):
     return ("no error", "", time.monotonic())
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_killed_host_is_named_by_every_survivor(tmp_path, path):
+def test_killed_host_is_named_by_every_survivor(tmp_path):
     pg_timeout = 20
     with Hosts(count=2, ranks=[2, 2]) as hosts:
-        job = hosts.start(collectives_until_failure, str(tmp_path), backend="hoccl", pg_timeout=pg_timeout,
-                          env={"HOCCL_MULTIHOST_PATH": path})
+        job = hosts.start(collectives_until_failure, str(tmp_path), backend="hoccl", pg_timeout=pg_timeout)
         wait_for_files(tmp_path, hosts.world, timeout=120)
         time.sleep(1.0)  # well inside the loop of all_reduces
         killed = time.monotonic()
@@ -602,15 +583,13 @@ def test_killed_host_is_named_by_every_survivor(tmp_path, path):
         _check_clean(hosts)
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_cut_link_raises_within_the_timeout(tmp_path, path):
+def test_cut_link_raises_within_the_timeout(tmp_path):
     pg_timeout = 10
     with Hosts(count=2, ranks=[1, 1]) as hosts:
         if not hosts.isolated:
             print(f"process-group hosts have no link to cut; {hosts.describe()}")
             return
-        job = hosts.start(collectives_until_failure, str(tmp_path), backend="hoccl", pg_timeout=pg_timeout,
-                          env={"HOCCL_MULTIHOST_PATH": path})
+        job = hosts.start(collectives_until_failure, str(tmp_path), backend="hoccl", pg_timeout=pg_timeout)
         wait_for_files(tmp_path, hosts.world, timeout=120)
         time.sleep(1.0)
         cut = time.monotonic()

@@ -119,19 +119,17 @@ def expected_sums(world):
 
 def test_sparse_all_reduce_across_hosts():
     """A group spanning namespaced hosts runs the same steps over its own all_gather: the sums,
-    AVG and empty cases on 2x2 (default path) and 2-1 (plans), a sparse embedding under DDP equal
-    to gloo's on the same hosts, and a layout mismatch between hosts raising on every rank with
-    the group still usable."""
+    AVG and empty cases on 2x2 and 2-1, a sparse embedding under DDP equal to gloo's on the same
+    hosts, and a layout mismatch between hosts raising on every rank with the group still usable."""
     from hoccl_backend.testbed.hosts import Hosts
 
-    for ranks, path in (([2, 2], "auto"), ([2, 1], "plans")):
+    for ranks in ([2, 2], [2, 1]):
         with Hosts(count=len(ranks), ranks=ranks) as hosts:
-            env = {"HOCCL_MULTIHOST_PATH": path}
-            results = hosts.run_ranks(sparse_sums, backend="hoccl", pg_timeout=60, env=env, timeout=300)
+            results = hosts.run_ranks(sparse_sums, backend="hoccl", pg_timeout=60, timeout=300)
             for rank, got in enumerate(results):
                 for i, (g, e) in enumerate(zip(got, expected_sums(hosts.world))):
-                    assert g.dtype == e.dtype and torch.equal(g, e), (ranks, path, rank, i, g, e)
-            if path == "auto":
+                    assert g.dtype == e.dtype and torch.equal(g, e), (ranks, rank, i, g, e)
+            if ranks == [2, 2]:
                 ours = hosts.run_ranks(train_sparse_embedding, backend="hoccl", pg_timeout=60, timeout=300)
                 gloo = hosts.run_ranks(train_sparse_embedding, backend="gloo", pg_timeout=60, timeout=300)
                 for a, b in zip(ours[0], gloo[0]):
@@ -140,7 +138,7 @@ def test_sparse_all_reduce_across_hosts():
                     assert all(torch.equal(a, b) for a, b in zip(ours[0], ours[r])), r
             else:
                 for rank, (first, second, ok) in enumerate(
-                        hosts.run_ranks(mismatched_sparse, backend="hoccl", pg_timeout=60, env=env, timeout=300)):
+                        hosts.run_ranks(mismatched_sparse, backend="hoccl", pg_timeout=60, timeout=300)):
                     assert first is not None and f"rank {rank}" in first, first
                     assert "sizes [4, 4]" in first and "sizes [4, 5]" in first, first
                     assert second is not None and "MAX" in second.upper() and "sparse" in second, second

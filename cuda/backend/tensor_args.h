@@ -15,6 +15,8 @@ RedOp toRedOp(const c10d::ReduceOp& op, double* factor, const char* opName);
 
 inline char* ptr(const at::Tensor& t) { return static_cast<char*>(t.data_ptr()); }
 inline int64_t nbytes(const at::Tensor& t) { return static_cast<int64_t>(t.numel() * t.element_size()); }
+// A contiguous tensor's bytes as a one-dimensional uint8 tensor (data moves are dtype-blind).
+inline at::Tensor bytesOf(const at::Tensor& t) { return t.view(-1).view(at::kByte); }
 
 // A contiguous working copy of a user tensor; written back after the op when they differ.
 struct Staged {

@@ -87,10 +87,6 @@ const std::vector<Variable> kTable = {
     {"HOCCL_CHECK_ACROSS_HOSTS", K::Choice, R::Core, "1", "0,1",
      "across hosts, every collective first checks that its arguments agree on every host (one small "
      "message each way per rail peer); 0 skips it: a mismatch then ends a process inside gloo"},
-    {"HOCCL_MULTIHOST_PATH", K::Choice, R::Core, "auto", "auto,legs,plans",
-     "across hosts, every collective but send/recv runs as one plan spanning the hosts (its network "
-     "steps on the inter-host engine), except, on even hosts, all_gather's mid-size blocks, which auto "
-     "runs as legs (separate host and inter-host collectives; legs: at every size); plans: those too"},
     {"HOCCL_NET_MESSAGE_US", K::Integer, R::Core, "auto", "",
      "across hosts, the network engine's cost per message that all_to_all's cost model uses; auto: measured "
      "when the group is created (the median of eight round trips of an 8-byte message)"},

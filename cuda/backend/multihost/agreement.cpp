@@ -39,13 +39,13 @@ void HostSpan::mismatchAcrossHosts(const char* op, const std::string& what) {
   TORCH_CHECK_VALUE(false, msg);
 }
 
-void HostSpan::agreeOnRail(const char* op, const OpSignature& mine, CheckVia via) {
+void HostSpan::agreeOnRail(const char* op, const OpSignature& mine) {
   const int members = static_cast<int>(myRail_.size());
   if (members == 1 || !checkAcrossHosts_) return;
   const std::vector<int64_t> own = fields(mine);
   const int64_t width = static_cast<int64_t>(own.size());
   std::vector<int64_t> all(static_cast<size_t>(members * width));
-  exchangeOnRail(op, own.data(), all.data(), width * static_cast<int64_t>(sizeof(int64_t)), via);
+  exchangeOnRail(op, own.data(), all.data(), width * static_cast<int64_t>(sizeof(int64_t)));
   const int64_t* seen = all.data();
   for (int m = 0; m < members; ++m) {
     std::vector<int64_t> theirs(seen + m * width, seen + (m + 1) * width);
@@ -63,13 +63,11 @@ void HostSpan::agreeOnRail(const char* op, const OpSignature& mine, CheckVia via
 // mismatch can never make gloo receive more than was posted. One message each way per rail peer,
 // all posted at once: a gloo all_gather on the rail group cost a round through gloo's worker
 // thread on both sides (2x2 hosts: 1.0 ms of a 1.6 ms 4 KB broadcast). The check goes over the
-// rail group's own connections (railNet_, members by rail index), apart from the data's: on 2 x 2
-// namespaced hosts, checking over the plans' engine cost 3-29 % at 4 KB-1 MB in most ops
-// (docs/multihost.md). The all_gather legs move their data over the rail group, so their check
-// stays on the plans' engine.
-void HostSpan::exchangeOnRail(const char* op, const void* mine, void* all, int64_t bytes, CheckVia via) {
-  const bool onRail = via == CheckVia::Rail;
-  NetTransport& net = onRail ? *railNet_ : *net_;
+// rail group's own connections (railNet_, members by rail index), apart from the plans' data: on
+// 2 x 2 namespaced hosts that made 16 of 20 ops of 4 KB-1 MB 1-32 % faster than checking over the
+// plans' connections (docs/multihost.md).
+void HostSpan::exchangeOnRail(const char* op, const void* mine, void* all, int64_t bytes) {
+  NetTransport& net = *railNet_;
   std::vector<NetTransport::Handle> posted;
   try {
     for (size_t m = 0; m < myRail_.size(); ++m) {
@@ -78,9 +76,8 @@ void HostSpan::exchangeOnRail(const char* op, const void* mine, void* all, int64
         std::memcpy(theirs, mine, static_cast<size_t>(bytes));
         continue;
       }
-      const int peer = onRail ? static_cast<int>(m) : myRail_[m];
-      posted.push_back(net.irecv(peer, 0, theirs, static_cast<size_t>(bytes)));
-      posted.push_back(net.isend(peer, 0, mine, static_cast<size_t>(bytes)));
+      posted.push_back(net.irecv(static_cast<int>(m), 0, theirs, static_cast<size_t>(bytes)));
+      posted.push_back(net.isend(static_cast<int>(m), 0, mine, static_cast<size_t>(bytes)));
     }
     for (size_t i = 0; i < posted.size(); ++i) {
       net.wait(posted[i], nullptr);

@@ -1,7 +1,6 @@
 // Reductions across hosts: argument checks, agreement across hosts, and one plan per op
 // (cuda/plan/allreduce_hosts.cpp, reduce_scatter_hosts.cpp; docs/multihost.md). Sums of fp16/bf16
 // accumulate in float inside each host; every rank ends with the same bytes.
-#include "backend/multihost/legs.h"
 #include "backend/multihost/host_span.h"
 #include "backend/sparse_allreduce.h"
 #include "backend/tensor_args.h"
@@ -49,11 +48,11 @@ c10::intrusive_ptr<c10d::Work> HostSpan::allreduceSparse(const at::Tensor& t, Re
   return enqueue(c10d::OpType::ALLREDUCE, {t}, [this, t, op] {
     bool agreed = false;
     sparseAllreduce(t, op, rank_, size_, [this, &agreed](const at::Tensor& block, const std::vector<at::Tensor>& outs) {
-      const at::Tensor bytes = legs::bytesOf(block);
+      const at::Tensor bytes = bytesOf(block);
       if (!agreed) agreeOnRail("all_reduce", {static_cast<int64_t>(c10d::OpType::ALLREDUCE), -1, bytes.numel()});
       agreed = true;
       std::vector<at::Tensor> byteOuts;
-      for (const auto& o : outs) byteOuts.push_back(legs::bytesOf(o));
+      for (const auto& o : outs) byteOuts.push_back(bytesOf(o));
       allgatherFlat("all_reduce", bytes, byteOuts);
     });
   });

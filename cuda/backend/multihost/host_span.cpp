@@ -123,24 +123,6 @@ std::string HostSpan::lastAlgorithm() const {
   return lastAlgo_;
 }
 
-bool HostSpan::allGatherAsPlan(int64_t bytes) const {
-  // all_gather, the one collective left with legs. Its plan measured ahead of the legs on uneven
-  // hosts (1.1-1.9x on 2, 1 and 2 ranks, where the legs' leaders trailed gloo from 1 MB); on 2 x 2
-  // level or ahead where it goes host first (small blocks) and from 256 KB a rank, behind the
-  // rails legs at 16 KB a rank (8-29 %), split at 64 KB (docs/multihost.md). Costs and layout are
-  // the group's: every rank agrees.
-  if (plansOnly_ || !layout_.even) return true;
-  if (legsOnly_) return false;
-  PlanRequest req;
-  req.kind = OpKind::AllGather;
-  req.world = size_;
-  req.rank = rank_;
-  req.hostOf = layout_.table.hostOf;
-  req.bytes = bytes;
-  req.netCosts = netCosts_;
-  return allGatherGoesHostFirst(req);
-}
-
 std::vector<TransferPhase> HostSpan::lastAllToAllPhases() const {
   std::lock_guard<std::mutex> lock(stateMutex_);
   return lastPhases_;
@@ -157,10 +139,6 @@ void HostSpan::setAlgorithm(const char* name) {
   lastAlgo_ = name;
 }
 
-at::Tensor HostSpan::scratch(int64_t bytes) {
-  if (!scratch_.defined() || scratch_.numel() < bytes) scratch_ = at::empty({bytes}, at::kByte);
-  return scratch_;
-}
 
 c10::intrusive_ptr<c10d::Work> HostSpan::enqueue(c10d::OpType type, std::vector<at::Tensor> outputs, Body body,
                                                  bool callerWaits) {
@@ -180,37 +158,6 @@ c10::intrusive_ptr<c10d::Work> HostSpan::tracked(c10::intrusive_ptr<c10d::Work> 
 void HostSpan::checkUsable(const char* op) const {
   std::lock_guard<std::mutex> lock(stateMutex_);
   TORCH_CHECK(broken_.empty(), "hoccl ", op, " on rank ", rank_, ": the group is broken: ", broken_);
-}
-
-c10::intrusive_ptr<c10d::Work> HostSpan::startAcross(
-    const char* op, c10d::Backend& group, const std::vector<int>& members,
-    const std::function<c10::intrusive_ptr<c10d::Work>(c10d::Backend&)>& leg) {
-  checkUsable(op);
-  if (group.getSize() == 1) return {};
-  try {
-    return leg(group);
-  } catch (const std::exception& e) {
-    interHostFailed(op, members, e);
-  }
-}
-
-c10::intrusive_ptr<c10d::Work> HostSpan::startTransfer(const char* op, c10d::Backend& group,
-                                                             const std::vector<int>& members, bool isSend, int peer,
-                                                             const at::Tensor& t, int tag) {
-  return startAcross(op, group, members, [&](c10d::Backend& g) {
-    std::vector<at::Tensor> one{t};
-    return isSend ? g.send(one, peer, tag) : g.recv(one, peer, tag);
-  });
-}
-
-void HostSpan::waitAcross(const char* op, const std::vector<int>& members,
-                                const c10::intrusive_ptr<c10d::Work>& work) {
-  if (!work) return;
-  try {
-    work->wait();
-  } catch (const std::exception& e) {
-    interHostFailed(op, members, e);
-  }
 }
 
 // gloo reports a dead peer as an I/O error naming its address, a cut link as a timeout: find

@@ -1,17 +1,15 @@
 // The part of a ProcessGroupHOCCL whose ranks sit on more than one host: its collectives' argument
 // agreement across hosts, network tags and failures naming the lost host. The collectives' entry
 // points and argument checks are the group's, for every layout; their bodies call in here. Every
-// collective but
-// all_gather's mid-size blocks on even hosts runs as one plan across hosts, which the group
-// executes (planned.cpp, backend/across_hosts.cpp): steps inside the host on its shared memory,
-// network steps on the gloo network engine. Those blocks may still run as legs: inside a host on
-// the group's shared memory, across hosts on torch's ProcessGroupGloo groups that the Python
+// collective runs as one plan across hosts, which the group executes (planned.cpp,
+// backend/across_hosts.cpp): steps inside the host on its shared memory, network steps on the
+// network engine. The gloo engine runs over torch's ProcessGroupGloo groups that the Python
 // creator made and this object owns: one per rail (the ranks with the same local index on each
-// host; rail 0 is the host leaders), one over every rank, one for send/recv across hosts (framed
-// with a size check, see transport/net/gloo/framed_p2p.h; a pair on one host uses the group's
-// shared memory). Ops run in the group's issue order (its OpQueue), so every gloo group sees its
-// ops in the same order on every member. The algorithms and their choice rule are in
-// docs/multihost.md.
+// host; the argument check runs over it), one over every rank, one for the plans' transfers and
+// send/recv across hosts (framed with a size check, see transport/net/gloo/framed_p2p.h; a pair
+// on one host uses the group's shared memory). Ops run in the group's issue order (its OpQueue),
+// so every gloo group sees its ops in the same order on every member. The algorithms and their
+// choice rule are in docs/multihost.md.
 #pragma once
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -34,8 +32,8 @@
 
 namespace hoccl {
 
-// What one rank's arguments to a collective say about its cross-host legs; every member of a
-// leg must pass the same. dtype -1: a byte count; root and redOp -1: not part of the op.
+// What one rank's arguments to a collective say about it; every member of a rail must pass the
+// same. dtype -1: a byte count; root and redOp -1: not part of the op.
 struct OpSignature {
   int64_t kind;  // c10d::OpType
   int64_t dtype;
@@ -65,7 +63,7 @@ class HostSpan {
   void abort();
   std::string lastAlgorithm() const;
   // The phases of this rank's last all_to_all (varipath::phasesAcrossHosts of the form it ran);
-  // none when no split matrix was gathered (the legs without the cross-host check).
+  // none when no split matrix was gathered (all_to_all without the cross-host check).
   std::vector<TransferPhase> lastAllToAllPhases() const;
   const HostLayout& layout() const { return layout_; }
   // The costs plans across hosts and all_to_all's form are chosen by, agreed at creation.
@@ -127,15 +125,6 @@ class HostSpan {
   // A send/recv work joins the coalesced group while coalescing (batch_isend_irecv waits that).
   c10::intrusive_ptr<c10d::Work> tracked(c10::intrusive_ptr<c10d::Work> work);
 
-  // Legs. Each waits for its work; an inter-host failure becomes hoccl's error naming the lost
-  // host, and breaks the group on this host too so that no local peer waits out the timeout.
-  // An inter-host leg in two halves, so that it overlaps others: start one, wait for it later.
-  c10::intrusive_ptr<c10d::Work> startAcross(const char* op, c10d::Backend& group, const std::vector<int>& members,
-                                             const std::function<c10::intrusive_ptr<c10d::Work>(c10d::Backend&)>& leg);
-  void waitAcross(const char* op, const std::vector<int>& members, const c10::intrusive_ptr<c10d::Work>& work);
-  // One point-to-point leg: send `t` to, or receive it from, `peer` (a rank of `group`).
-  c10::intrusive_ptr<c10d::Work> startTransfer(const char* op, c10d::Backend& group, const std::vector<int>& members,
-                                               bool isSend, int peer, const at::Tensor& t, int tag);
   // One collective of the whole group as a plan across hosts (planned.cpp), run by the group
   // with a fresh network tag; a network failure becomes interHostFailed's error.
   void joinHostGroup();
@@ -143,13 +132,10 @@ class HostSpan {
   [[noreturn]] void interHostFailed(const char* op, const std::vector<int>& members, const std::exception& e);
   void checkUsable(const char* op) const;
 
-  // Cross-host agreement (agreement.cpp): raise on every member of a leg whose arguments differ.
-  // The check's messages go over the rail group's connections, or over the plans' engine for an
-  // op whose data then crosses on the rail group (the all_gather legs).
-  enum class CheckVia { Rail, PlansEngine };
-  void agreeOnRail(const char* op, const OpSignature& mine, CheckVia via = CheckVia::Rail);
+  // Cross-host agreement (agreement.cpp): raise on every member of a rail whose arguments differ.
+  void agreeOnRail(const char* op, const OpSignature& mine);
   // `bytes` of this rank's to every member of its rail, `all` in rail order (this rank's too).
-  void exchangeOnRail(const char* op, const void* mine, void* all, int64_t bytes, CheckVia via);
+  void exchangeOnRail(const char* op, const void* mine, void* all, int64_t bytes);
   // all_to_all: raises where a sender and its receiver disagree on a block's bytes.
   void checkSplits(const char* op, const SplitMatrix& m);
   [[noreturn]] void mismatchAcrossHosts(const char* op, const std::string& what);
@@ -158,20 +144,14 @@ class HostSpan {
   void allreduceFlat(const char* op, const at::Tensor& flat, RedOp redOp, double factor);
   void broadcastFlat(const char* op, const at::Tensor& bytes, int root);
   void allgatherFlat(const char* op, const at::Tensor& inBytes, const std::vector<at::Tensor>& outBytes);
-  void allgatherRails(const char* op, const at::Tensor& inBytes, const std::vector<at::Tensor>& outBytes);
   void reduceScatterFlat(const char* op, const std::vector<at::Tensor>& inputs, const at::Tensor& out,
                          RedOp redOp, double factor);
   // all_to_all by the gathered split matrix; the split exchange is a plan too.
   void alltoallPlanned(const ProcessGroupHOCCL::AllToAllBlocks& blocks, const char* op);
   SplitMatrix exchangeSplitsPlanned(const char* op, const std::vector<int64_t>& sendBytes,
                                     const std::vector<int64_t>& recvBytes);
-  // A gloo tag for one op's point-to-point transfers (global or rail group), above the tags
-  // torch uses on a group (worker thread only).
-  // Below the ordered messages' slots (from 2^30, transport/net/gloo/framed_p2p.cpp), which the
-  // check uses on the same rail group.
-  int crossTag() { return (1 << 29) | static_cast<int>(crossTags_++ & ((1u << 29) - 1)); }
-  // At least `bytes` of the group's reusable scratch (worker thread only; one op at a time).
-  at::Tensor scratch(int64_t bytes);
+  // The network tag of one op's plan (worker thread only).
+  int crossTag() { return (1 << 30) | static_cast<int>(crossTags_++ & ((1u << 30) - 1)); }
 
   ProcessGroupHOCCL& pg_;  // the group whose ranks this spans (it owns this object)
   const int rank_, size_;  // the group's
@@ -182,13 +162,6 @@ class HostSpan {
   std::vector<int> allRanks_;
   int64_t leaderMaxBytes_;
   bool checkAcrossHosts_;
-  // HOCCL_MULTIHOST_PATH: whether all_gather on even hosts, the only collective with legs, runs
-  // as one plan across hosts too (plans), as legs (legs), or as whichever measured faster (auto:
-  // allGatherAsPlan); every other collective is one plan across hosts on every path, send/recv
-  // point to point.
-  bool plansOnly_ = config::text("HOCCL_MULTIHOST_PATH") == "plans";
-  bool legsOnly_ = config::text("HOCCL_MULTIHOST_PATH") == "legs";
-  bool allGatherAsPlan(int64_t bytes) const;
   AllToAllHostsForm alltoallChoice_ = alltoallChoice(config::text("HOCCL_MULTIHOST_ALLTOALL"));
   NetCosts netCosts_;
   std::chrono::milliseconds timeout_;
@@ -197,7 +170,6 @@ class HostSpan {
   std::string broken_;  // the first inter-host failure; later ops fail with it at once
   std::string lastAlgo_;
   std::vector<TransferPhase> lastPhases_;
-  at::Tensor scratch_;
   uint32_t crossTags_ = 0;
   std::shared_ptr<FramedP2P> framed_;  // send/recv over groups_.p2p
   std::unique_ptr<NetTransport> net_;  // plans' network transfers (transport/net/engines.h)
