@@ -139,7 +139,6 @@ void HostSpan::setAlgorithm(const char* name) {
   lastAlgo_ = name;
 }
 
-
 c10::intrusive_ptr<c10d::Work> HostSpan::enqueue(c10d::OpType type, std::vector<at::Tensor> outputs, Body body,
                                                  bool callerWaits) {
   if (captured(body)) return c10::make_intrusive<WorkHOCCL>(rank_, type, std::move(outputs));
