@@ -101,7 +101,7 @@ class HostSpan {
   void gatherBlocks(const at::Tensor& in, const std::vector<at::Tensor>& outs, int root);
   void scatterBlocks(const std::vector<at::Tensor>& ins, const at::Tensor& out, int root);
   void barrierAcrossHosts();
-  // Reductions, worker thread, arguments agreed across hosts first (hier_reductions.cpp): one
+  // Reductions, worker thread, arguments agreed across hosts first (span_reductions.cpp): one
   // contiguous tensor all-reduced, or reduced to `root` (the others' tensors keep their values);
   // contiguous blocks, one per rank, reduce-scattered into `out`.
   void allreduceTensor(const char* op, c10d::OpType kind, const at::Tensor& t, RedOp redOp, double factor);
@@ -113,7 +113,7 @@ class HostSpan {
   void alltoallBlocks(const ProcessGroupHOCCL::AllToAllBlocks& blocks, const char* op);
 
  private:
-  // A recv from any source, on the host's shared memory and the network at once (hier_send_recv.cpp).
+  // A recv from any source, on the host's shared memory and the network at once (span_send_recv.cpp).
   c10::intrusive_ptr<c10d::Work> anySource(const at::Tensor& t, int tag);
   // send/recv of a CUDA tensor through a pinned host mirror; none for a CPU tensor.
   std::optional<c10::intrusive_ptr<c10d::Work>> p2pViaHost(bool isSend, const at::Tensor& t, int peer, int tag);
