@@ -32,7 +32,9 @@ nccl-tests' -R), for both backends; gloo handles them as any CPU tensor.
 --busy N runs N compute threads per rank (GEMM loops, bench_busy.py) for the whole run: every
 backend is timed with them running, taking turns as usual, and hoccl once more per round with
 them parked ("hoccl idle"), so the table shows hoccl's busy time beside gloo's and beside its own
-idle time in the same ranks. With --vs mpi the threads keep running while Open MPI takes its
+idle time in the same ranks. Each call is timed too: "median call b/i" is hoccl's median call
+busy over idle (each call at its slowest rank), which tells a slower data path from a mean made
+of a few calls that waited out the compute's scheduler turns. With --vs mpi the threads keep running while Open MPI takes its
 turn, so its ranks share the machine with the same compute.
 
 --vs mpi (or --vs mpi,gloo) compares with Open MPI instead (bench_mpi.py: installed from the
@@ -134,14 +136,23 @@ def buffer_bytes(op, buf) -> int:
     return buf["out"].numel() * 4 if op in ("all_gather", "gather", "scatter") else buf["x"].numel() * 4
 
 
-def _time_round(op, buf, group, iters):
-    """Mean seconds per iteration of `iters` back-to-back calls, started together on every rank."""
+def _time_round(op, buf, group, iters, per_op=None):
+    """Mean seconds per iteration of `iters` back-to-back calls, started together on every rank;
+    with `per_op` (a list), each call's own seconds are appended to it too."""
     import torch.distributed as dist
 
     dist.barrier(group=group)
     start = time.perf_counter()
-    for _ in range(iters):
-        _run_op(op, buf, group)
+    if per_op is None:
+        for _ in range(iters):
+            _run_op(op, buf, group)
+    else:
+        last = start
+        for _ in range(iters):
+            _run_op(op, buf, group)
+            now = time.perf_counter()
+            per_op.append(now - last)
+            last = now
     return (time.perf_counter() - start) / iters
 
 
@@ -158,15 +169,26 @@ def timed_turns(backends: list[str], busy: int) -> list[str]:
     return [*backends, IDLE] if busy and "hoccl" in backends else list(backends)
 
 
-def _time_turn(name, op, bufs, groups, iters, compute):
+def _time_turn(name, op, bufs, groups, iters, compute, per_op=None):
     if name != IDLE:
-        return _time_round(op, bufs[name], groups[name], iters)
+        return _time_round(op, bufs[name], groups[name], iters, per_op)
     compute.pause()
     time.sleep(IDLE_SETTLE_S)
     try:
-        return _time_round(op, bufs["hoccl"], groups["hoccl"], iters)
+        return _time_round(op, bufs["hoccl"], groups["hoccl"], iters, per_op)
     finally:
         compute.resume()
+
+
+def _median_op_us(per_op: list[float]) -> float:
+    """The median call of a turn's calls, each call taken at its slowest rank (every rank makes the
+    same calls in the same order, so call i is the same collective everywhere)."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor(per_op, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.median().item() * 1e6
 
 
 def _rank_job(rank, world, backends, ops, sizes, rounds, port, queue, show_progress, shared, busy=0):
@@ -200,17 +222,23 @@ def _rank_job(rank, world, backends, ops, sizes, rounds, port, queue, show_progr
                 for _ in range(max(2, per_round // 2)):
                     _run_op(op, bufs[b], groups[b])
             samples = {b: [] for b in names}
+            # --busy: every call timed too, so that a busy mean made of rare long stalls (the
+            # scheduler's turns for the compute) shows beside a median call at its idle speed.
+            calls = {b: [] for b in names} if busy else {}
             for r in range(rounds):
                 order = names if r % 2 == 0 else names[::-1]
                 for b in order:
-                    samples[b].append(_time_turn(b, op, bufs, groups, per_round, compute))
+                    samples[b].append(_time_turn(b, op, bufs, groups, per_round, compute, calls.get(b)))
             for b in names:
                 t = torch.tensor(samples[b], dtype=torch.float64)
                 dist.all_reduce(t, op=dist.ReduceOp.MAX)
                 buf = bufs["hoccl" if b == IDLE else b]
-                rows.append({"backend": b, "world": world, "op": op, "bytes": buffer_bytes(op, buf),
-                             "time_us": t.median().item() * 1e6, "rounds": rounds,
-                             "iters_per_round": per_round, "busy_threads": 0 if b == IDLE else busy})
+                row = {"backend": b, "world": world, "op": op, "bytes": buffer_bytes(op, buf),
+                       "time_us": t.median().item() * 1e6, "rounds": rounds,
+                       "iters_per_round": per_round, "busy_threads": 0 if b == IDLE else busy}
+                if busy:
+                    row["median_call_us"] = _median_op_us(calls[b])
+                rows.append(row)
             done += 1
             if rank == 0 and show_progress:
                 bar = "#" * int(30 * done / total)
@@ -318,7 +346,7 @@ def print_table(rows: list[dict], backends: list[str], memcpy_GBps: float) -> No
             if "hoccl" in backends and "gloo" in backends:
                 head += " | busbw x gloo"
             if IDLE in backends:
-                head += " | busy / idle"
+                head += " | busy / idle | median call b/i"
             if "hoccl" in backends:
                 head += " | hoccl copy%"
             print(head)
@@ -331,6 +359,7 @@ def print_table(rows: list[dict], backends: list[str], memcpy_GBps: float) -> No
                     line += f" | {h['busbw_GBps'] / g['busbw_GBps']:11.2f}x"
                 if h and idle:
                     line += f" | {h['time_us'] / idle['time_us']:10.2f}x"
+                    line += f" | {h['median_call_us'] / idle['median_call_us']:14.2f}x"
                 if h:
                     line += f" | {100 * copy_fraction(h, memcpy_GBps):10.0f}%"
                 print(line)

@@ -106,7 +106,7 @@ def test_bench_busy_times_hoccl_beside_gloo_and_beside_its_own_idle_time(tmp_pat
     table = proc.stdout.split("\n# all_reduce  world=2\n")[1]
     head, *lines = table.strip().splitlines()
     assert [c.split(" us")[0].strip() for c in head.split("|")[1:4]] == ["hoccl", "gloo", IDLE]
-    assert "busbw x gloo" in head and "busy / idle" in head
+    assert "busbw x gloo" in head and "busy / idle" in head and "median call b/i" in head
     assert [int(line.split("|")[0]) for line in lines] == [4096, 65536]
     result = json.loads(out.read_text())
     assert result["busy"] == 1
@@ -117,8 +117,12 @@ def test_bench_busy_times_hoccl_beside_gloo_and_beside_its_own_idle_time(tmp_pat
         n = int(cells[0])
         # The busy / idle column is hoccl's busy time over its idle time, from the same rows.
         assert abs(float(cells[5].rstrip("x ")) - rows[("hoccl", n)]["time_us"] / rows[(IDLE, n)]["time_us"]) < 0.006
+        # The median-call column is hoccl's median call busy over idle, from the same rows.
+        ratio = rows[("hoccl", n)]["median_call_us"] / rows[(IDLE, n)]["median_call_us"]
+        assert abs(float(cells[6].rstrip("x ")) - ratio) < 0.006
     assert all(r["busy_threads"] == (0 if r["backend"] == IDLE else 1) for r in result["rows"])
     assert all(r["compute_gflops_per_thread"] > 0 for r in result["rows"])
+    assert all(r["median_call_us"] > 0 for r in result["rows"])
 
 
 @pytest.mark.parametrize("args,message", [(["--busy", "-1"], "--busy takes a number"),
