@@ -34,8 +34,8 @@ backend is timed with them running, taking turns as usual, and hoccl once more p
 them parked ("hoccl idle"), so the table shows hoccl's busy time beside gloo's and beside its own
 idle time in the same ranks. Each call is timed too: "median call b/i" is hoccl's median call
 busy over idle (each call at its slowest rank), which tells a slower data path from a mean made
-of a few calls that waited out the compute's scheduler turns. With --vs mpi the threads keep running while Open MPI takes its
-turn, so its ranks share the machine with the same compute.
+of a few calls that waited out the compute's scheduler turns. With --vs mpi the threads keep
+running while Open MPI takes its turn, so its ranks share the machine with the same compute.
 
 --vs mpi (or --vs mpi,gloo) compares with Open MPI instead (bench_mpi.py: installed from the
 system's packages on first use, a C loop over reused malloc buffers, 4 KB - 64 MB by default); the
@@ -136,14 +136,14 @@ def buffer_bytes(op, buf) -> int:
     return buf["out"].numel() * 4 if op in ("all_gather", "gather", "scatter") else buf["x"].numel() * 4
 
 
-def _time_round(op, buf, group, iters, per_op=None):
+def _time_round(op, buf, group, iters, per_call=None):
     """Mean seconds per iteration of `iters` back-to-back calls, started together on every rank;
-    with `per_op` (a list), each call's own seconds are appended to it too."""
+    with `per_call` (a list), each call's own seconds are appended to it too."""
     import torch.distributed as dist
 
     dist.barrier(group=group)
     start = time.perf_counter()
-    if per_op is None:
+    if per_call is None:
         for _ in range(iters):
             _run_op(op, buf, group)
     else:
@@ -151,7 +151,7 @@ def _time_round(op, buf, group, iters, per_op=None):
         for _ in range(iters):
             _run_op(op, buf, group)
             now = time.perf_counter()
-            per_op.append(now - last)
+            per_call.append(now - last)
             last = now
     return (time.perf_counter() - start) / iters
 
@@ -169,24 +169,24 @@ def timed_turns(backends: list[str], busy: int) -> list[str]:
     return [*backends, IDLE] if busy and "hoccl" in backends else list(backends)
 
 
-def _time_turn(name, op, bufs, groups, iters, compute, per_op=None):
+def _time_turn(name, op, bufs, groups, iters, compute, per_call=None):
     if name != IDLE:
-        return _time_round(op, bufs[name], groups[name], iters, per_op)
+        return _time_round(op, bufs[name], groups[name], iters, per_call)
     compute.pause()
     time.sleep(IDLE_SETTLE_S)
     try:
-        return _time_round(op, bufs["hoccl"], groups["hoccl"], iters, per_op)
+        return _time_round(op, bufs["hoccl"], groups["hoccl"], iters, per_call)
     finally:
         compute.resume()
 
 
-def _median_op_us(per_op: list[float]) -> float:
+def _median_call_us(per_call: list[float]) -> float:
     """The median call of a turn's calls, each call taken at its slowest rank (every rank makes the
     same calls in the same order, so call i is the same collective everywhere)."""
     import torch
     import torch.distributed as dist
 
-    t = torch.tensor(per_op, dtype=torch.float64)
+    t = torch.tensor(per_call, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.median().item() * 1e6
 
@@ -237,7 +237,7 @@ def _rank_job(rank, world, backends, ops, sizes, rounds, port, queue, show_progr
                        "time_us": t.median().item() * 1e6, "rounds": rounds,
                        "iters_per_round": per_round, "busy_threads": 0 if b == IDLE else busy}
                 if busy:
-                    row["median_call_us"] = _median_op_us(calls[b])
+                    row["median_call_us"] = _median_call_us(calls[b])
                 rows.append(row)
             done += 1
             if rank == 0 and show_progress:
