@@ -35,8 +35,7 @@ HostSpan::HostSpan(ProcessGroupHOCCL& group, InterHostGroups groups, int64_t lea
       layout_(group.hosts_),
       groups_(std::move(groups)),
       host_(layout_.hostOf(rank_)),
-      localRank_(group.localRank_),
-      myRail_(layout_.railRanks[localRank_]),
+      myRail_(layout_.railRanks[group.localRank_]),
       leaderMaxBytes_(leaderMaxBytes),
       checkAcrossHosts_(checkAcrossHosts),
       timeout_(group.timeout_) {

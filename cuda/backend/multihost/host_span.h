@@ -157,8 +157,8 @@ class HostSpan {
   const int rank_, size_;  // the group's
   HostLayout layout_;
   InterHostGroups groups_;
-  int host_, localRank_;  // this rank's host and index on it (the group's localRank_)
-  std::vector<int> myRail_;     // ranks of this rank's rail
+  int host_;                 // this rank's host
+  std::vector<int> myRail_;  // ranks of this rank's rail (its index on the host picks the rail)
   std::vector<int> allRanks_;
   int64_t leaderMaxBytes_;
   bool checkAcrossHosts_;
