@@ -1,5 +1,6 @@
 """Channel enumeration, symmetry compression and working sets against independent checks."""
 import itertools
+import json
 
 import pytest
 
@@ -95,3 +96,30 @@ def test_cache_dir_is_used(_cache_dir):
     t = Topology.preset("direct4")
     cat.working_set(t)
     assert any(p.name.startswith("varipath-") for p in _cache_dir.iterdir())
+
+
+def _catalog_after_barrier(cache_dir, barrier, results):
+    import os
+
+    os.environ["HOCCL_CACHE_DIR"] = cache_dir
+    barrier.wait()
+    results.put(cat.catalog(Topology.preset("direct4", 2)))
+
+
+def test_processes_that_miss_the_cache_together_build_once(tmp_path):
+    """The ranks of a fresh job miss the cache at the same moment: one process builds and the
+    others read its file, so all get the same catalog, build timings included (each build times
+    itself, so two builds would differ), and no temporary file stays behind."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    barrier, results = ctx.Barrier(3), ctx.Queue()
+    procs = [ctx.Process(target=_catalog_after_barrier, args=(str(tmp_path), barrier, results)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    got = [json.dumps(results.get(timeout=120), sort_keys=True) for _ in procs]  # tuples as read back
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    assert json.loads(got[0])["build_s"] > 0 and len(set(got)) == 1, [json.loads(g)["build_s"] for g in got]
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
