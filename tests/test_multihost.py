@@ -135,81 +135,105 @@ def test_every_op_interleaved_placement():
 
 
 def _costs_lines(job, count):
+    """Per rank, the costs line of each group it created, in creation order."""
     lines = [l for h in range(count) for l in job.log(h).splitlines() if "costs across hosts" in l]
     pattern = (r"\[hoccl rank (\d+)\] costs across hosts: message (\d+) us \((\S+)\), link ([\d.]+) GB/s \((\S+)\), "
                r"relay copies ([\d.]+) GB/s \((\S+)\)")
-    return {int(m[1]): (int(m[2]), m[3], float(m[4]), m[5], float(m[6]), m[7])
-            for m in (re.search(pattern, l) for l in lines) if m}
+    printed = {}
+    for m in (re.search(pattern, l) for l in lines):
+        if m:
+            printed.setdefault(int(m[1]), []).append((int(m[2]), m[3], float(m[4]), m[5], float(m[6]), m[7]))
+    return printed
 
 
 # Elements (float32) rank s sends to rank d on 2x2: skewed, with empty pairs on and off the host.
 A2A_ELEMS = [[3, 0, 700, 5], [0, 9, 11, 2000], [40, 1, 0, 8], [6, 300, 7, 0]]
+# Set costs, one group each after the default group's measured ones: (HOCCL_NET_MESSAGE_US,
+# HOCCL_NET_RELAY_MBYTES or None for the default), the link at HOCCL_NET_LINK_MBIT=8000.
+COST_SETTINGS = [(1, None), (100_000, None), (1000, 1), (1000, None)]
 
 
 def test_costs_across_hosts_are_measured_at_creation_and_agree():
     """The per-message cost and link rate VarioPath weighs all_to_all's forms by: measured once
     (rank 0 with a rank of the other host), the same bits on every rank (net_costs()); a setting
     replaces its measurement. The link is shaped to 1 Gbit/s, so the measured rate must sit near
-    0.125 GB/s. Each rank runs one skewed all_to_all: its form must be the cheaper of the
-    documented estimates under the costs the group holds (test_plan_hosts_movement's
-    estimated_seconds), with measured costs and with set costs, where a per-message cost of 1 us and of 0.1 s must flip the choice, and at 1 ms a relay copy
-    rate of 1 MB/s (HOCCL_NET_RELAY_MBYTES) against the default 1 GB/s."""
+    0.125 GB/s. Each rank runs one skewed all_to_all on each group: its form must be the cheaper of
+    the documented estimates under the costs the group holds (test_plan_hosts_movement's
+    estimated_seconds), with measured costs (the default group) and with set costs (one group
+    created under each setting, as a job started with it would), where a per-message cost of 1 us
+    and of 0.1 s must flip the choice, and at 1 ms a relay copy rate of 1 MB/s
+    (HOCCL_NET_RELAY_MBYTES) against the default 1 GB/s."""
     from test_plan_hosts_movement import estimated_seconds
 
     with Hosts(count=2, ranks=[2, 2], link_gbit=1) as hosts:
         host_of = [hosts.host_of(r) for r in range(hosts.world)]
         m = [[4 * e for e in row] for row in A2A_ELEMS]
-
-        def run(env):
-            job = hosts.start(costs_and_alltoall, backend="hoccl", pg_timeout=60, env=dict(env, HOCCL_DEBUG="INFO"))
-            results = job.wait(timeout=120)
-            assert len({r["costs"] for r in results}) == 1, f"ranks disagree: {[r['costs'] for r in results]}"
+        job = hosts.start(costs_and_alltoall, COST_SETTINGS, backend="hoccl", pg_timeout=60,
+                          env={"HOCCL_DEBUG": "INFO"})
+        per_rank = job.wait(timeout=180)
+        printed = _costs_lines(job, hosts.count)
+        assert sorted(printed) == [0, 1, 2, 3], printed
+        assert all(len(lines) == 1 + len(COST_SETTINGS) for lines in printed.values()), printed
+        forms = []
+        for g in range(1 + len(COST_SETTINGS)):
+            results = [r[g] for r in per_rank]
+            assert len({r["costs"] for r in results}) == 1, f"group {g}: ranks disagree: {[r['costs'] for r in results]}"
             costs = {k: float.fromhex(v) for k, v in results[0]["costs"]}
             triple = (costs["message_s"], costs["link_bytes_per_s"], costs["copy_bytes_per_s"])
             form = min(("direct", "rail"), key=lambda f: estimated_seconds(host_of, m, f, triple))
-            assert [r["algorithm"] for r in results] == [f"multihost_{form}"] * hosts.world, (results, costs)
-            return job, costs, form
-
-        job, costs, _ = run({})
-        assert 0 <= costs["message_s"] < 1 and 0.05e9 < costs["link_bytes_per_s"] < 0.3e9, costs
-        printed = _costs_lines(job, hosts.count)
-        assert sorted(printed) == [0, 1, 2, 3], printed
-        assert len(set(printed.values())) == 1, f"ranks disagree: {printed}"
-        assert printed[0][1] == printed[0][3] == "measured", printed[0]
-        assert printed[0][4:] == (1.0, "default") and costs["copy_bytes_per_s"] == 1e9, (printed[0], costs)
-        engines = sorted(hit.groups() for h in range(hosts.count) for l in job.log(h).splitlines()
-                         if (hit := re.search(r"\[hoccl rank (\d+)\] network engine across hosts: (\S+)", l)))
-        assert engines == [(str(r), "gloo") for r in range(4)], engines
-
-        forms = []
-        for message_us, relay_mbytes in ((1, None), (100_000, None), (1000, 1), (1000, None)):
-            env = {"HOCCL_NET_MESSAGE_US": str(message_us),
-                   "HOCCL_NET_LINK_MBIT": "8000"}
-            if relay_mbytes:
-                env["HOCCL_NET_RELAY_MBYTES"] = str(relay_mbytes)
-            job, costs, form = run(env)
+            assert [r["algorithm"] for r in results] == [f"multihost_{form}"] * hosts.world, (g, results, costs)
+            lines = {printed[r][g] for r in printed}
+            assert len(lines) == 1, f"group {g}: ranks disagree: {lines}"
+            line = lines.pop()
+            if g == 0:
+                assert 0 <= costs["message_s"] < 1 and 0.05e9 < costs["link_bytes_per_s"] < 0.3e9, costs
+                assert line[1] == line[3] == "measured", line
+                assert line[4:] == (1.0, "default") and costs["copy_bytes_per_s"] == 1e9, (line, costs)
+                continue
+            message_us, relay_mbytes = COST_SETTINGS[g - 1]
             relay = relay_mbytes * 1e6 if relay_mbytes else 1e9
-            assert (costs["message_s"], costs["link_bytes_per_s"], costs["copy_bytes_per_s"]) == \
-                (message_us * 1e-6, 1e9, relay), costs
-            assert set(_costs_lines(job, hosts.count).values()) == \
-                {(message_us, "HOCCL_NET_MESSAGE_US", 1.0, "HOCCL_NET_LINK_MBIT", round(relay / 1e9, 2),
-                  "HOCCL_NET_RELAY_MBYTES" if relay_mbytes else "default")}
+            assert triple == (message_us * 1e-6, 1e9, relay), costs
+            assert line == (message_us, "HOCCL_NET_MESSAGE_US", 1.0, "HOCCL_NET_LINK_MBIT", round(relay / 1e9, 2),
+                            "HOCCL_NET_RELAY_MBYTES" if relay_mbytes else "default"), line
             forms.append(form)
         assert forms == ["direct", "rail", "direct", "rail"], forms
+        engines = sorted({hit.groups() for h in range(hosts.count) for l in job.log(h).splitlines()
+                          if (hit := re.search(r"\[hoccl rank (\d+)\] network engine across hosts: (\S+)", l))})
+        assert engines == [(str(r), "gloo") for r in range(4)], engines
         _check_clean(hosts)
 
 
-def costs_and_alltoall(rank, world):
+def costs_and_alltoall(rank, world, settings):
+    """The costs and all_to_all form of the default group (measured costs), then of one group
+    per setting, each created with the setting in the environment."""
+    import torch
+
+    pg = torch.distributed.group.WORLD._get_backend(torch.device("cpu"))
+    seen = [_costs_and_form(pg, rank, world)]
+    os.environ["HOCCL_NET_LINK_MBIT"] = "8000"
+    for i, (message_us, relay_mbytes) in enumerate(settings):
+        os.environ["HOCCL_NET_MESSAGE_US"] = str(message_us)
+        if relay_mbytes:
+            os.environ["HOCCL_NET_RELAY_MBYTES"] = str(relay_mbytes)
+        else:
+            os.environ.pop("HOCCL_NET_RELAY_MBYTES", None)
+        group = _group_over(f"costs-{i}", rank, world)
+        seen.append(_costs_and_form(group, rank, world))
+        group.shutdown()
+    return seen
+
+
+def _costs_and_form(pg, rank, world):
     import torch
     import torch.distributed as dist
 
     from collective_checks import assert_close, make_input
 
-    pg = dist.group.WORLD._get_backend(torch.device("cpu"))
     m = A2A_ELEMS
     inputs = [[make_input(s, 31 * s + d, m[s][d], torch.float32) for d in range(world)] for s in range(world)]
     out = torch.empty(sum(m[s][rank] for s in range(world)))
-    dist.all_to_all_single(out, torch.cat(inputs[rank]), [m[s][rank] for s in range(world)], m[rank])
+    pg.alltoall_base(out, torch.cat(inputs[rank]), [m[s][rank] for s in range(world)], m[rank],
+                     dist.AllToAllOptions()).wait()
     assert_close(out, torch.cat([inputs[s][rank] for s in range(world)]), f"all_to_all_single on rank {rank}")
     # Bits, not values: every rank must hold the same doubles.
     costs = tuple(sorted((k, float(v).hex()) for k, v in pg.net_costs().items()))
@@ -217,17 +241,18 @@ def costs_and_alltoall(rank, world):
 
 
 def test_ddp_and_fsdp2_across_hosts_match_gloo():
+    """DDP and FSDP2 on hoccl spanning the hosts against both on a gloo group of the same job."""
     import torch
 
-    from test_training import _compare, _model, train_ddp, train_fsdp2
+    from test_training import _compare, _model, train_on_both_backends
 
     with Hosts(count=2, ranks=[2, 2]) as hosts:
-        for train in (train_ddp, train_fsdp2):
-            hoccl = hosts.run_ranks(train, backend="hoccl", pg_timeout=60, timeout=300)
-            gloo = hosts.run_ranks(train, backend="gloo", pg_timeout=60, timeout=300)
+        results = hosts.run_ranks(train_on_both_backends, backend="hoccl", pg_timeout=60, timeout=300)
+        for i in range(2):  # DDP, FSDP2
+            hoccl = [r["hoccl"][i] for r in results]
             for rank in range(hosts.world):
                 _compare(hoccl[rank], hoccl[0])
-            _compare(hoccl[0], gloo[0])
+            _compare(hoccl[0], results[0]["gloo"][i])
             assert any(not torch.equal(p, q) for p, q in zip(hoccl[0], _model().parameters()))
         _check_clean(hosts)
 

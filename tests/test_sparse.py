@@ -56,10 +56,10 @@ def test_sparse_all_reduce_matches_local_sum():
                 assert torch.equal(g, e), (world, rank, i, g, e)
 
 
-def train_sparse_embedding(rank, world):
+def train_sparse_embedding(rank, world, group=None):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Embedding(50, 8, sparse=True), nn.Linear(8, 1))
-    ddp = nn.parallel.DistributedDataParallel(model)
+    ddp = nn.parallel.DistributedDataParallel(model, process_group=group)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(rank)
     for _ in range(3):
@@ -71,10 +71,16 @@ def train_sparse_embedding(rank, world):
     return [p.detach().clone() for p in model.parameters()]
 
 
+def embedding_beside_gloo(rank, world):
+    gloo = dist.new_group(backend="gloo")
+    return train_sparse_embedding(rank, world), train_sparse_embedding(rank, world, gloo)
+
+
 def test_ddp_sparse_embedding_matches_gloo():
-    ours = run_ranks(train_sparse_embedding, 2)
-    gloo = run_ranks(train_sparse_embedding, 2, backend="gloo")
-    for a, b in zip(ours[0], gloo[0]):
+    """Trained on hoccl, then on a gloo group of the same ranks."""
+    results = run_ranks(embedding_beside_gloo, 2)
+    ours, gloo = [r[0] for r in results], results[0][1]
+    for a, b in zip(ours[0], gloo):
         torch.testing.assert_close(a, b)
     for a, b in zip(ours[0], ours[1]):
         assert torch.equal(a, b)
@@ -117,6 +123,16 @@ def expected_sums(world):
     return expected
 
 
+def sums_and_embedding_beside_gloo(rank, world):
+    """The sums, then the embedding trained on the default group and on a gloo group of the job."""
+    gloo = dist.new_group(backend="gloo")
+    return sparse_sums(rank, world), train_sparse_embedding(rank, world), train_sparse_embedding(rank, world, gloo)
+
+
+def sums_then_mismatch(rank, world):
+    return sparse_sums(rank, world), mismatched_sparse(rank, world)
+
+
 def test_sparse_all_reduce_across_hosts():
     """A group spanning namespaced hosts runs the same steps over its own all_gather: the sums,
     AVG and empty cases on 2x2 and 2-1, a sparse embedding under DDP equal to gloo's on the same
@@ -125,20 +141,19 @@ def test_sparse_all_reduce_across_hosts():
 
     for ranks in ([2, 2], [2, 1]):
         with Hosts(count=len(ranks), ranks=ranks) as hosts:
-            results = hosts.run_ranks(sparse_sums, backend="hoccl", pg_timeout=60, timeout=300)
-            for rank, got in enumerate(results):
+            job = sums_and_embedding_beside_gloo if ranks == [2, 2] else sums_then_mismatch
+            results = hosts.run_ranks(job, backend="hoccl", pg_timeout=60, timeout=300)
+            for rank, got in enumerate(r[0] for r in results):
                 for i, (g, e) in enumerate(zip(got, expected_sums(hosts.world))):
                     assert g.dtype == e.dtype and torch.equal(g, e), (ranks, rank, i, g, e)
             if ranks == [2, 2]:
-                ours = hosts.run_ranks(train_sparse_embedding, backend="hoccl", pg_timeout=60, timeout=300)
-                gloo = hosts.run_ranks(train_sparse_embedding, backend="gloo", pg_timeout=60, timeout=300)
-                for a, b in zip(ours[0], gloo[0]):
+                ours, gloo = [r[1] for r in results], results[0][2]
+                for a, b in zip(ours[0], gloo):
                     torch.testing.assert_close(a, b)
                 for r in range(1, hosts.world):
                     assert all(torch.equal(a, b) for a, b in zip(ours[0], ours[r])), r
             else:
-                for rank, (first, second, ok) in enumerate(
-                        hosts.run_ranks(mismatched_sparse, backend="hoccl", pg_timeout=60, timeout=300)):
+                for rank, (first, second, ok) in enumerate(r[1] for r in results):
                     assert first is not None and f"rank {rank}" in first, first
                     assert "sizes [4, 4]" in first and "sizes [4, 5]" in first, first
                     assert second is not None and "MAX" in second.upper() and "sparse" in second, second

@@ -28,19 +28,19 @@ def _train(model, rank, steps=3):
         opt.step()
 
 
-def train_ddp(rank, world):
+def train_ddp(rank, world, group=None):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    model = DDP(_model(), bucket_cap_mb=0.001)  # tiny buckets: several allreduces per step
+    model = DDP(_model(), bucket_cap_mb=0.001, process_group=group)  # tiny buckets: several allreduces per step
     _train(model, rank)
     return [p.detach().clone() for p in model.module.parameters()]
 
 
-def train_fsdp2(rank, world):
-    from torch.distributed.device_mesh import init_device_mesh
+def train_fsdp2(rank, world, group=None):
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    mesh = init_device_mesh("cpu", (world,))
+    mesh = init_device_mesh("cpu", (world,)) if group is None else DeviceMesh.from_group(group, "cpu")
     model = _model()
     for layer in model:
         if isinstance(layer, nn.Linear):
@@ -50,23 +50,27 @@ def train_fsdp2(rank, world):
     return [p.full_tensor().detach().clone() for p in model.parameters()]
 
 
+def train_on_both_backends(rank, world):
+    """DDP and FSDP2 on the default group (hoccl), then on a gloo group over the same ranks."""
+    import torch.distributed as dist
+
+    gloo = dist.new_group(backend="gloo")
+    return {"hoccl": [train_ddp(rank, world), train_fsdp2(rank, world)],
+            "gloo": [train_ddp(rank, world, gloo), train_fsdp2(rank, world, gloo)]}
+
+
 def _compare(a, b):
     assert len(a) == len(b)
     for x, y in zip(a, b):
         assert torch.allclose(x, y, rtol=1e-5, atol=1e-6), (x - y).abs().max()
 
 
-def test_ddp_matches_gloo():
-    hoccl = run_ranks(train_ddp, 2, backend="hoccl")
-    gloo = run_ranks(train_ddp, 2, backend="gloo")
-    _compare(hoccl[0], hoccl[1])
-    _compare(hoccl[0], gloo[0])
-    # training moved the parameters (the comparison is not between two untouched models)
-    assert any(not torch.equal(p, q) for p, q in zip(hoccl[0], _model().parameters()))
-
-
-def test_fsdp2_matches_gloo():
-    hoccl = run_ranks(train_fsdp2, 2, backend="hoccl")
-    gloo = run_ranks(train_fsdp2, 2, backend="gloo")
-    _compare(hoccl[0], hoccl[1])
-    _compare(hoccl[0], gloo[0])
+def test_ddp_and_fsdp2_match_gloo():
+    """One job trains with DDP and FSDP2 on hoccl, then on a gloo group of the same ranks."""
+    results = run_ranks(train_on_both_backends, 2, backend="hoccl")
+    for i in range(2):  # DDP, FSDP2
+        hoccl = [r["hoccl"][i] for r in results]
+        _compare(hoccl[0], hoccl[1])
+        _compare(hoccl[0], results[0]["gloo"][i])
+        # training moved the parameters (the comparison is not between two untouched models)
+        assert any(not torch.equal(p, q) for p, q in zip(hoccl[0], _model().parameters())), i
