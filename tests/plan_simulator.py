@@ -765,6 +765,26 @@ def simulate(plans, ins, outs, *, slot_bytes: int, host_of=None, dtype=None, op=
 
 
 # ---------------------------------------------------------------------------------------------
+# Host layouts the plan tests run on (per group rank: its host): one host, even hosts, uneven ones
+# both ways round, one rank per host, and ranks interleaved over the hosts. The 16-rank ones cost
+# more and are used where a test names them.
+
+HOST_LAYOUTS = {
+    "1host": [0, 0, 0],
+    "2x2": [0, 0, 1, 1],
+    "2-1-2": [0, 0, 1, 2, 2],
+    "2x1": [0, 1],
+    "interleaved": [0, 1, 0, 1],
+    "3x2": [0, 0, 1, 1, 2, 2],
+    "2-1-3-1": [0, 0, 1, 2, 2, 2, 3],
+    "3-1-2-1": [0, 0, 0, 1, 2, 2, 3],
+    "8x1": list(range(8)),
+    "2x4": [0, 0, 0, 0, 1, 1, 1, 1],
+}
+BIG_HOST_LAYOUTS = {"4x4": [r // 4 for r in range(16)], "4x4-interleaved": [r % 4 for r in range(16)]}
+
+
+# ---------------------------------------------------------------------------------------------
 # Layouts: the blocks the backend passes for each op (cuda/backend/*.cpp)
 
 ALIASED = ("all_reduce", "reduce", "broadcast")  # one tensor, in place: in[0] is out[0]

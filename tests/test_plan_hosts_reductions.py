@@ -14,20 +14,10 @@ import pytest
 import torch
 
 from collective_checks import assert_close, make_input
-from plan_simulator import Simulator, build_plans, expected_outputs, make_blocks, net_steps, run_layout
+from plan_simulator import (BIG_HOST_LAYOUTS, HOST_LAYOUTS, Simulator, build_plans, expected_outputs, make_blocks,
+                            net_steps, run_layout)
 
-LAYOUTS = {
-    "1host": [0, 0, 0],
-    "2x2": [0, 0, 1, 1],
-    "2-1-2": [0, 0, 1, 2, 2],
-    "2x1": [0, 1],
-    "interleaved": [0, 1, 0, 1],
-    "3x2": [0, 0, 1, 1, 2, 2],
-    "4uneven": [0, 0, 0, 1, 2, 2, 3],
-    "8x1": list(range(8)),
-    "2x4": [0, 0, 0, 0, 1, 1, 1, 1],
-    "4x4-interleaved": [r % 4 for r in range(16)],
-}
+LAYOUTS = dict(HOST_LAYOUTS, **{"4x4-interleaved": BIG_HOST_LAYOUTS["4x4-interleaved"]})
 EVEN = {name for name, h in LAYOUTS.items() if len(set(h)) > 1 and len({h.count(x) for x in set(h)}) == 1}
 DTYPES = [torch.float32, torch.bfloat16, torch.int32]
 OPS = ["sum", "avg", "max", "premul", "product"]
