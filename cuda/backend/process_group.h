@@ -140,7 +140,7 @@ class ProcessGroupHOCCL : public c10d::Backend {
     int64_t netChunkBytes = 0;
     NetCosts netCosts;             // what crossing hosts costs (measured when the group was created)
     // send/recv between this host's ranks: the whole group's timeout, not the longer one this
-    // group's collectives wait (a host leg may wait for a peer's inter-host failure).
+    // group's collectives wait inside the host (a host barrier may wait for a peer's network failure).
     std::chrono::milliseconds pointToPointTimeout{0};
   };
   void joinHosts(HostsContext hosts);

@@ -14,14 +14,15 @@ namespace hoccl {
 
 namespace {
 
-// The timeout of the host's legs. A rank waiting in a host leg may be waiting for a host peer
-// that is still inside an inter-host leg with a lost host, and that leg reports the loss (naming
-// the host) only when gloo's own timeout ends it, counted from when the peer entered it. The
-// peer can enter it after this rank began waiting (it finishes the previous leg later under
-// load), so with equal timeouts this rank's host leg could expire first and report a timeout
-// "waiting for rank 1" instead of the lost host. The host legs therefore wait a grace longer:
-// a peer's inter-host failure always breaks the host group before this rank gives up on it.
-std::chrono::milliseconds hostLegTimeout(std::chrono::milliseconds timeout) {
+// How long a plan's steps inside the host (its barriers and peer waits) wait. A rank waiting at
+// a host barrier may be waiting for a host peer that is still in a network transfer with a lost
+// host, and that transfer reports the loss (naming the host) only when the network engine's own
+// timeout ends it, counted from when the peer posted it. The peer can post it after this rank
+// began waiting (it finishes its previous step later under load), so with equal timeouts this
+// rank's wait could expire first and report a timeout "waiting for rank 1" instead of the lost
+// host. Steps inside the host therefore wait a grace longer: a peer's network failure always
+// breaks the host group before this rank gives up on it.
+std::chrono::milliseconds hostStepTimeout(std::chrono::milliseconds timeout) {
   using std::chrono::milliseconds;
   return timeout + std::min(std::max(timeout / 4, milliseconds(2000)), milliseconds(60000));
 }
@@ -45,7 +46,7 @@ HostSpan::HostSpan(ProcessGroupHOCCL& group, InterHostGroups groups, int64_t lea
                   groups_.p2p->getSize() == size_,
               "hoccl process group creation on rank ", rank_, ": the groups handed in do not match the host table");
   for (int r = 0; r < size_; ++r) allRanks_.push_back(r);
-  pg_.timeout_ = hostLegTimeout(timeout_);
+  pg_.timeout_ = hostStepTimeout(timeout_);
   framed_ = std::make_shared<FramedP2P>(groups_.p2p, rank_, timeout_);
   NetEngineContext engine;
   engine.rank = rank_;
@@ -113,7 +114,7 @@ void HostSpan::setTimeout(std::chrono::milliseconds timeout) {
   timeout_ = timeout;
   framed_->setTimeout(timeout);
   railFramed_->setTimeout(timeout);
-  pg_.timeout_ = hostLegTimeout(timeout);
+  pg_.timeout_ = hostStepTimeout(timeout);
   for (auto* g : {groups_.rail.get(), groups_.global.get(), groups_.p2p.get()}) g->setTimeout(timeout);
 }
 
