@@ -66,11 +66,12 @@ def _cached(topo: Topology, what: str, build) -> dict:
         fcntl.flock(lock, fcntl.LOCK_EX)
         data = _read(path)
         if data is None:
-            data = build()
+            text = json.dumps(build())
             tmp = f"{path}.{os.getpid()}.tmp"
             with open(tmp, "w") as f:
-                json.dump(data, f)
+                f.write(text)
             os.replace(tmp, path)  # atomic: a reader without the lock never sees a partial file
+            data = json.loads(text)  # what every other process reads: lists, not the build's tuples
     return data
 
 
