@@ -3,9 +3,10 @@
 Ranks are forked from a fork server that has imported torch once (multiprocessing's
 "forkserver" context with torch preloaded): each rank is still its own process with its own
 memory, but skips the import, ~1 s of CPU a rank on the 2-core VM, most of a small job's time.
-The server imports torch with the test process's environment; a rank's `env` is applied after
-the fork, so it reaches everything hoccl reads (at group creation and later), not what torch
-itself reads while it is imported.
+Each rank starts from the test process's environment, working directory, stdout and stderr as
+they are at the call (the server keeps the ones it started with), then applies its `env`: all of
+it after the fork, so it reaches everything hoccl reads (at group creation and later), not what
+torch itself reads while it is imported.
 
 Every multi-process test goes through `run_ranks`. Each rank's return value comes back to the
 test; an exception in any rank fails the test with that rank's traceback. A job that outlives
@@ -43,10 +44,15 @@ def _received_fds(out, err):
     return out.detach(), err.detach()
 
 
-def _rank_main(fn, rank, world, port, backend, pg_timeout, env, args, queue, stdio):
+def _rank_main(fn, rank, world, port, backend, pg_timeout, env, args, queue, stdio, parent_env):
     for fd, target in zip(stdio, (1, 2)):
         os.dup2(fd, target)
         os.close(fd)
+    # The fork server's environment is the test process's when the server started; a rank starts
+    # from the test process's as it is now, as a spawned one would (multiprocessing itself
+    # carries the working directory and the main module).
+    os.environ.clear()
+    os.environ.update(parent_env)
     os.environ.update(env)
     os.environ.update(
         {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
@@ -91,7 +97,8 @@ def run_ranks(fn: Callable[..., Any], world: int, *args, backend: str | None = "
     queue = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_rank_main,
-                         args=(fn, r, world, port, backend, pg_timeout, env or {}, args, queue, _TestStdio()))
+                         args=(fn, r, world, port, backend, pg_timeout, env or {}, args, queue, _TestStdio(),
+                               dict(os.environ)))
              for r in range(world)]
     for p in procs:
         p.start()
