@@ -96,9 +96,10 @@ def run_ranks(fn: Callable[..., Any], world: int, *args, backend: str | None = "
     ctx = _context()
     queue = ctx.Queue()
     port = free_port()
+    parent_env = dict(os.environ)
     procs = [ctx.Process(target=_rank_main,
                          args=(fn, r, world, port, backend, pg_timeout, env or {}, args, queue, _TestStdio(),
-                               dict(os.environ)))
+                               parent_env))
              for r in range(world)]
     for p in procs:
         p.start()

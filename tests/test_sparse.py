@@ -125,8 +125,7 @@ def expected_sums(world):
 
 def sums_and_embedding_beside_gloo(rank, world):
     """The sums, then the embedding trained on the default group and on a gloo group of the job."""
-    gloo = dist.new_group(backend="gloo")
-    return sparse_sums(rank, world), train_sparse_embedding(rank, world), train_sparse_embedding(rank, world, gloo)
+    return (sparse_sums(rank, world), *embedding_beside_gloo(rank, world))
 
 
 def sums_then_mismatch(rank, world):
