@@ -101,4 +101,50 @@ std::shared_ptr<c10::Event> copyBackAfterRecv(const at::Tensor& user, const at::
   return end;
 }
 
+namespace {
+
+// The group capturing on this thread, and where its bodies go; restored on exit, so a capture
+// inside a capture (an entry point that calls another) ends where it began.
+struct Capture {
+  const void* owner = nullptr;
+  std::vector<Body>* bodies = nullptr;
+};
+thread_local Capture capture;
+
+}  // namespace
+
+std::vector<Body> captureBodies(const void* owner, const std::function<void()>& run) {
+  std::vector<Body> bodies;
+  const Capture saved = capture;
+  capture = {owner, &bodies};
+  try {
+    run();
+  } catch (...) {
+    capture = saved;
+    throw;
+  }
+  capture = saved;
+  return bodies;
+}
+
+bool capturing(const void* owner) { return owner != nullptr && capture.owner == owner; }
+
+bool captured(const void* owner, Body& body) {
+  if (!capturing(owner)) return false;
+  capture.bodies->push_back(std::move(body));
+  return true;
+}
+
+void runViaMirrors(c10::Stream comm, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
+                   const std::vector<at::Tensor>& hostIns, const std::vector<at::Tensor>& hostOuts,
+                   const void* owner, const std::function<void()>& cpuOp) {
+  c10::StreamGuard guard(comm);
+  c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
+  copyAll(hostIns, inputs);  // D2H: copy engine
+  impl.synchronizeStream(comm);
+  for (const auto& body : captureBodies(owner, cpuOp)) body();
+  copyAll(outputs, hostOuts);  // H2D: copy engine
+  impl.synchronizeStream(comm);  // the pinned mirrors must outlive the H2D copies
+}
+
 }  // namespace hoccl::staging

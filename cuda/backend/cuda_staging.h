@@ -7,6 +7,7 @@
 #include <c10/core/Event.h>
 #include <c10/core/Stream.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -53,5 +54,23 @@ void copyAll(const std::vector<at::Tensor>& dst, const std::vector<at::Tensor>& 
 // Work.wait() makes the caller's stream wait on. Blocks until the copy is done (the host mirror
 // may die right after).
 std::shared_ptr<c10::Event> copyBackAfterRecv(const at::Tensor& user, const at::Tensor& host, c10::Stream comm);
+
+// A CUDA op through host mirrors runs the CPU op's entry point over the mirrors twice: on the
+// caller's thread, where its checks raise, and on the worker after the D2H, where what it
+// prepares before it queues (gather's copy of the input across hosts, scatter's packed inputs)
+// reads bytes that are there. Both times the group's enqueue hands each body it would queue to
+// the capture instead. `owner` is the group whose enqueue captures; `run` calls the entry point.
+using Body = std::function<void()>;
+std::vector<Body> captureBodies(const void* owner, const std::function<void()>& run);
+// Is `owner` capturing on this thread? In its enqueue, `captured` takes the body when it is.
+bool capturing(const void* owner);
+bool captured(const void* owner, Body& body);
+
+// The body of a host-staged op on the comm stream: D2H of the inputs into their mirrors, the CPU
+// op rerun over the mirrors with its captured bodies run in order, H2D of the outputs. The host
+// waits for the H2D, since the pinned mirrors die with the caller's body.
+void runViaMirrors(c10::Stream comm, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
+                   const std::vector<at::Tensor>& hostIns, const std::vector<at::Tensor>& hostOuts,
+                   const void* owner, const std::function<void()>& cpuOp);
 
 }  // namespace hoccl::staging

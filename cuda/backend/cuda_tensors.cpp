@@ -29,20 +29,11 @@
 
 namespace hoccl {
 
-namespace {
-thread_local std::function<void()>* captureSlot = nullptr;  // see captureBody
-
-}  // namespace
-
 bool ProcessGroupHOCCL::anyCuda(const std::vector<at::Tensor>& ts) {
   for (const auto& t : ts)
     if (t.defined() && t.is_cuda()) return true;
   return false;
 }
-
-bool ProcessGroupHOCCL::capturing() { return captureSlot != nullptr; }
-
-void ProcessGroupHOCCL::storeCapture(Body body) { *captureSlot = std::move(body); }
 
 bool WorkHOCCL::wait(std::chrono::milliseconds timeout) {
   c10d::Work::wait(timeout);  // host: until the op ran (CPU) or was enqueued (CUDA)
@@ -83,6 +74,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::enqueueCuda(c10d::OpType type,
   all.insert(all.end(), outputs.begin(), outputs.end());
   staging::orderAfterCaller(comm, all, c10d::opTypeToString(type));
   auto work = c10::make_intrusive<WorkHOCCL>(rank_, type, outputs);
+  issued_.fetch_add(1);
   work->setCommStream(comm);
   auto end = std::make_shared<c10::Event>(c10::DeviceType::CUDA);
   Body body = [comm, deviceBody, end, work] {
@@ -100,25 +92,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::enqueueCudaViaHost(
     std::function<void(const std::vector<at::Tensor>&, const std::vector<at::Tensor>&)> hostBody) {
   staging::HostMirrors mirrors;
   std::vector<at::Tensor> hostIns = mirrors.of(inputs), hostOuts = mirrors.of(outputs);
-  // The CPU op's own checks run now, on the caller's thread; its body is captured, not queued.
-  Body cpuBody;
-  captureSlot = &cpuBody;
-  try {
-    hostBody(hostIns, hostOuts);
-  } catch (...) {
-    captureSlot = nullptr;
-    throw;
-  }
-  captureSlot = nullptr;
-  TORCH_CHECK(cpuBody, "hoccl: internal error: no host body captured");
-  return enqueueCuda(type, inputs, outputs, [inputs, outputs, hostIns, hostOuts, cpuBody](c10::Stream comm) {
-    c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
-    staging::copyAll(hostIns, inputs);  // D2H: copy engine
-    impl.synchronizeStream(comm);
-    cpuBody();
-    staging::copyAll(outputs, hostOuts);  // H2D: copy engine
-    // The pinned mirrors must outlive the H2D copies.
-    impl.synchronizeStream(comm);
+  auto cpuOp = [hostBody, hostIns, hostOuts] { hostBody(hostIns, hostOuts); };
+  staging::captureBodies(this, cpuOp);  // the checks, on the caller's thread (cuda_staging.h)
+  return enqueueCuda(type, inputs, outputs, [this, inputs, outputs, hostIns, hostOuts, cpuOp](c10::Stream comm) {
+    staging::runViaMirrors(comm, inputs, outputs, hostIns, hostOuts, this, cpuOp);
   });
 }
 

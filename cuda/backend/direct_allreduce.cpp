@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "backend/collective.h"
+#include "backend/cuda_staging.h"
 #include "backend/multihost/host_span.h"
 #include "backend/tensor_args.h"
 #include "transport/shm/futex_wait.h"
@@ -91,7 +92,7 @@ void ProcessGroupHOCCL::allreduceNow(const at::Tensor& tensor, const c10d::Reduc
   };
   // With nothing queued ahead it runs here, spinning as synchronous ops do, without the Work and
   // the queued body an asynchronous op needs (a fifth of a 4 KB op's time on this path).
-  if (!capturing()) {
+  if (!staging::capturing(this)) {
     SpinAtLeast spin{callerSpin()};
     if (queue_.runIfIdle([&] {
           issued_.fetch_add(1);

@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "backend/config.h"
+#include "backend/cuda_staging.h"
 #include "backend/multihost/host_span.h"
 #include "common/config.h"
 #include "transport/shm/futex_wait.h"
@@ -108,11 +109,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::enqueue(c10d::OpType type, std
     return t.device().is_cpu();
   });
   auto work = c10::make_intrusive<WorkHOCCL>(rank_, type, std::move(outputs));
+  // Host mirrors of a CUDA op: the body goes to the op's staged run (cuda_staging.h), which
+  // counts the op.
+  if (staging::captured(this, body)) return work;
   issued_.fetch_add(1);
-  if (capturing()) {  // host mirrors of a CUDA op: hand the body to the CUDA stream manager
-    storeCapture(std::move(body));
-    return work;
-  }
   // A small op with nothing ahead of it runs right here: two thread hand-offs cost more than the
   // op itself.
   const bool mayRunHere = bytes <= config_.inlineMaxBytes || callerWaits;

@@ -233,12 +233,9 @@ class ProcessGroupHOCCL : public c10d::Backend {
   std::function<void(c10::Stream)> ceAllGather(at::Tensor out, at::Tensor in);
   std::function<void(c10::Stream)> ceBroadcast(at::Tensor t, int root);
   std::function<void(c10::Stream)> ceAllToAll(at::Tensor out, at::Tensor in);
-  // While an op entry runs for host mirrors of CUDA tensors, enqueue hands its body back here.
   at::Tensor cudaHostMirror(const at::Tensor& t, bool copyIn);
   static void finishCudaRecv(const at::Tensor& user, const at::Tensor& host, c10::Stream comm, WorkHOCCL& work);
   static bool anyCuda(const std::vector<at::Tensor>& ts);
-  static bool capturing();
-  static void storeCapture(Body body);
   c10::intrusive_ptr<c10d::Work> postP2P(std::vector<at::Tensor>& tensors, int peer, int tag, bool send,
                                          std::shared_ptr<AnySourceClaim> claim = nullptr);
 

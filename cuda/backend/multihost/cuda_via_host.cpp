@@ -15,26 +15,6 @@ namespace hoccl {
 
 namespace {
 
-// The group whose enqueue() is capturing on this thread, and where the bodies go.
-struct Capture {
-  const HostSpan* group = nullptr;
-  std::vector<std::function<void()>>* bodies = nullptr;
-};
-thread_local Capture capture;
-
-class CaptureScope {
- public:
-  CaptureScope(const HostSpan* group, std::vector<std::function<void()>>* bodies) : saved_(capture) {
-    capture = {group, bodies};
-  }
-  ~CaptureScope() { capture = saved_; }
-  CaptureScope(const CaptureScope&) = delete;
-  CaptureScope& operator=(const CaptureScope&) = delete;
-
- private:
-  Capture saved_;
-};
-
 // A recv of a CUDA tensor: the payload lands in the host mirror; wait() then copies it H2D on
 // the comm stream and makes the caller's stream wait for that copy. (The framed recv itself
 // completes in wait() only, so the copy cannot start earlier.)
@@ -75,24 +55,6 @@ class CudaRecvWork : public c10d::Work {
 
 }  // namespace
 
-bool HostSpan::captured(Body& body) {
-  if (capture.group != this) return false;
-  capture.bodies->push_back(std::move(body));
-  return true;
-}
-
-// Runs the CPU op over the host mirrors with enqueue() capturing: its checks raise here, its
-// bodies (one per enqueue; the coalesced ops have several) are returned, not queued.
-template <typename Call>
-static std::vector<std::function<void()>> runCaptured(const HostSpan* group, const Call& call,
-                                                      const std::vector<at::Tensor>& ins,
-                                                      const std::vector<at::Tensor>& outs) {
-  std::vector<std::function<void()>> bodies;
-  CaptureScope scope(group, &bodies);
-  call(ins, outs);
-  return bodies;
-}
-
 std::optional<c10::intrusive_ptr<c10d::Work>> HostSpan::viaHost(const char* op, c10d::OpType type,
                                                                       const std::vector<at::Tensor>& inputs,
                                                                       const std::vector<at::Tensor>& outputs,
@@ -104,21 +66,13 @@ std::optional<c10::intrusive_ptr<c10d::Work>> HostSpan::viaHost(const char* op, 
   c10::Stream comm = staging::commStreamOn(comm_, *device, rank_);
   staging::HostMirrors mirrors;
   std::vector<at::Tensor> hostIns = mirrors.of(inputs), hostOuts = mirrors.of(outputs);
-  // The op's checks run now, on the caller's thread, and its bodies are dropped: what the op
-  // prepares before it queues (gather's copy of the input, scatter's packed inputs) reads the
-  // mirrors, which hold nothing until the D2H has run. It runs again on the worker, after the D2H.
-  runCaptured(this, call, hostIns, hostOuts);
+  auto cpuOp = [call, hostIns, hostOuts] { call(hostIns, hostOuts); };
+  staging::captureBodies(this, cpuOp);  // the checks, on the caller's thread (cuda_staging.h)
   staging::orderAfterCaller(comm, all, op);
   auto end = std::make_shared<c10::Event>(c10::DeviceType::CUDA);
-  Body body = [this, comm, inputs, outputs, hostIns, hostOuts, call, end] {
-    c10::StreamGuard guard(comm);
-    c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
-    staging::copyAll(hostIns, inputs);  // D2H: copy engine
-    impl.synchronizeStream(comm);
-    for (const auto& b : runCaptured(this, call, hostIns, hostOuts)) b();
-    staging::copyAll(outputs, hostOuts);  // H2D: copy engine
+  Body body = [this, comm, inputs, outputs, hostIns, hostOuts, cpuOp, end] {
+    staging::runViaMirrors(comm, inputs, outputs, hostIns, hostOuts, this, cpuOp);
     end->record(comm);
-    impl.synchronizeStream(comm);  // the pinned mirrors must outlive the H2D copies
   };
   auto work = c10::static_intrusive_pointer_cast<WorkHOCCL>(enqueue(type, outputs, std::move(body)));
   // Read only by wait()/isCompleted(), which see the event once the worker completed the work.

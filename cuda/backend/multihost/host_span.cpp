@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "backend/cuda_staging.h"
 #include "backend/multihost/net_costs.h"
 #include "transport/shm/futex_wait.h"
 #include "common/config.h"
@@ -141,7 +142,7 @@ void HostSpan::setAlgorithm(const char* name) {
 
 c10::intrusive_ptr<c10d::Work> HostSpan::enqueue(c10d::OpType type, std::vector<at::Tensor> outputs, Body body,
                                                  bool callerWaits) {
-  if (captured(body)) return c10::make_intrusive<WorkHOCCL>(rank_, type, std::move(outputs));
+  if (staging::captured(this, body)) return c10::make_intrusive<WorkHOCCL>(rank_, type, std::move(outputs));
   // While cores are shared (no spinning) a plan across hosts runs on the worker thread with the
   // caller asleep in wait(): on the namespaced 2x2 hosts that ran every plan measured 1.2-2.2x
   // faster (docs/multihost.md, "Which thread runs a plan across hosts"); while the ranks spin,

@@ -117,9 +117,6 @@ class HostSpan {
   c10::intrusive_ptr<c10d::Work> anySource(const at::Tensor& t, int tag);
   // send/recv of a CUDA tensor through a pinned host mirror; none for a CPU tensor.
   std::optional<c10::intrusive_ptr<c10d::Work>> p2pViaHost(bool isSend, const at::Tensor& t, int peer, int tag);
-  // While viaHost runs the CPU op on this thread, enqueue() hands the op's body here instead of
-  // queueing it.
-  bool captured(Body& body);
   void setAlgorithm(const char* name);
   void setAllToAllPhases(const SplitMatrix& m, AllToAllHostsForm form);
   // A send/recv work joins the coalesced group while coalescing (batch_isend_irecv waits that).
