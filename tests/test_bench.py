@@ -153,6 +153,65 @@ def test_bench_vs_deepspeed_puts_its_shm_all_reduce_beside_hoccl_and_the_direct_
         "the benchmark left DeepSpeed's shared-memory buffers behind"
 
 
+def _cpu_flags() -> set[str]:
+    with open("/proc/cpuinfo") as f:
+        return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+
+
+def test_bench_vs_deepspeed_bf16_runs_on_any_cpu():
+    """DeepSpeed's bf16 kernel needs AVX-512BW (a rank dies of SIGILL without it): the bf16 row
+    has DeepSpeed's figure where the CPU has it and leaves it out, saying why, where it has not."""
+    pytest.importorskip("deepspeed", reason="deepspeed is not installed (scripts/install.sh installs it)")
+    proc = subprocess.run([sys.executable, "-m", "hoccl_backend.bench", "--vs", "deepspeed",
+                           "--world", "2", "--sizes", "4K", "--dtypes", "bf16", "--rounds", "1"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.lstrip().startswith("dtype"))
+    cells = dict(zip(lines[head].replace("hoccl direct", "hoccl_direct").replace("torch floor", "torch_floor")
+                     .split(), lines[head + 1].split()))
+    assert (cells["dtype"], cells["bytes"]) == ("bf16", "4096")
+    assert float(cells["hoccl"]) > 0 and float(cells["hoccl_direct"]) > 0
+    if "avx512bw" in _cpu_flags():
+        assert float(cells["deepspeed"]) > 0, lines[head + 1]
+    else:
+        assert cells["deepspeed"] == "-" and "needs AVX-512BW" in proc.stdout, proc.stdout
+
+
+def _die_of_sigill():
+    import os
+    import signal
+    os.kill(os.getpid(), signal.SIGILL)
+
+
+def _wait_forever():
+    import time
+    time.sleep(600)
+
+
+def test_bench_vs_deepspeed_names_a_rank_that_dies_at_once():
+    """A rank killed by a signal ends the run within seconds, naming the rank and the signal,
+    instead of leaving the parent waiting for rows that will never come."""
+    import multiprocessing as mp
+    import time
+
+    from hoccl_backend.bench_deepspeed import _results
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_wait_forever), ctx.Process(target=_die_of_sigill)]
+    for p in procs:
+        p.start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(RuntimeError, match="rank 1 of the DeepSpeed bench was killed by SIGILL"):
+            _results(q, procs, limit_s=60)
+        assert time.monotonic() - t0 < 30
+    finally:
+        for p in procs:
+            p.kill()
+            p.join()
+
+
 def test_bench_training_runs_zero2_and_hsdp_on_hoccl_and_gloo():
     """Both training jobs launch on each backend and report a step time per backend and their
     ratio (world 2, one timed step: this checks the command, not the figures)."""
