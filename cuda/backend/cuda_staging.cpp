@@ -127,6 +127,11 @@ std::vector<Body> captureBodies(const void* owner, const std::function<void()>& 
   return bodies;
 }
 
+void checkOnMirrors(const void* owner, const std::function<void()>& run, const std::string& op, int rank) {
+  TORCH_CHECK(!captureBodies(owner, run).empty(), "hoccl ", op, " on rank ", rank,
+              ": internal error: the op queued nothing over the host mirrors of its CUDA tensors");
+}
+
 bool capturing(const void* owner) { return owner != nullptr && capture.owner == owner; }
 
 bool captured(const void* owner, Body& body) {

@@ -62,6 +62,9 @@ std::shared_ptr<c10::Event> copyBackAfterRecv(const at::Tensor& user, const at::
 // the capture instead. `owner` is the group whose enqueue captures; `run` calls the entry point.
 using Body = std::function<void()>;
 std::vector<Body> captureBodies(const void* owner, const std::function<void()>& run);
+// The first run, on the caller's thread: raises what the entry point raises, and raises naming
+// the op and the rank when it queued nothing (the outputs would get the mirrors' garbage).
+void checkOnMirrors(const void* owner, const std::function<void()>& run, const std::string& op, int rank);
 // Is `owner` capturing on this thread? In its enqueue, `captured` takes the body when it is.
 bool capturing(const void* owner);
 bool captured(const void* owner, Body& body);

@@ -93,7 +93,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHOCCL::enqueueCudaViaHost(
   staging::HostMirrors mirrors;
   std::vector<at::Tensor> hostIns = mirrors.of(inputs), hostOuts = mirrors.of(outputs);
   auto cpuOp = [hostBody, hostIns, hostOuts] { hostBody(hostIns, hostOuts); };
-  staging::captureBodies(this, cpuOp);  // the checks, on the caller's thread (cuda_staging.h)
+  staging::checkOnMirrors(this, cpuOp, c10d::opTypeToString(type), rank_);
   return enqueueCuda(type, inputs, outputs, [this, inputs, outputs, hostIns, hostOuts, cpuOp](c10::Stream comm) {
     staging::runViaMirrors(comm, inputs, outputs, hostIns, hostOuts, this, cpuOp);
   });

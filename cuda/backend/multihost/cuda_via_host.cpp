@@ -67,7 +67,7 @@ std::optional<c10::intrusive_ptr<c10d::Work>> HostSpan::viaHost(const char* op, 
   staging::HostMirrors mirrors;
   std::vector<at::Tensor> hostIns = mirrors.of(inputs), hostOuts = mirrors.of(outputs);
   auto cpuOp = [call, hostIns, hostOuts] { call(hostIns, hostOuts); };
-  staging::captureBodies(this, cpuOp);  // the checks, on the caller's thread (cuda_staging.h)
+  staging::checkOnMirrors(this, cpuOp, op, rank_);
   staging::orderAfterCaller(comm, all, op);
   auto end = std::make_shared<c10::Event>(c10::DeviceType::CUDA);
   Body body = [this, comm, inputs, outputs, hostIns, hostOuts, cpuOp, end] {
